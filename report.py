@@ -1,0 +1,464 @@
+"""
+HARNESS: review a run. Reads a target's results.tsv (and its events.jsonl when present), prints a summary
+(counts by status, baseline, best, improvement, success rate, the kept commits, time and cost) and writes
+progress.png. analysis.ipynb calls the same functions, so the notebook and the terminal always agree.
+
+Usage:
+    uv run report.py                        # the target in this folder: ./results.tsv, ./events.jsonl
+    uv run report.py grpo                   # a target folder (the goal comes from grpo/prepare.py)
+    uv run report.py results.tsv.example    # any results file
+    uv run report.py --tag nov30            # only the experiments of run `nov30` (needs events.jsonl)
+    options: --events PATH  --png PATH  --goal min|max
+
+Direction of the metric: --goal wins; else METRIC_GOAL from prepare.py next to results.tsv (read with ast,
+never imported, like agent.py does); else guessed from the metric's name in the header (val_bpb -> min,
+pass@1 -> max).
+"""
+
+import argparse
+import ast
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure  # the object API needs no pyplot backend: safe headless and in Jupyter
+
+STATUSES = ("keep", "discard", "crash")
+HEADER_HINT = "commit<TAB><metric>\tmemory_gb\tstatus\tdescription"
+
+# ---------------------------------------------------------------------------
+# Loading (tolerant: the agent may be appending while we read)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    commit: str
+    metric: float       # as written: 0.000000 on a crash, so tell crashes apart by status, never by value
+    memory_gb: float
+    status: str         # keep | discard | crash
+    description: str
+
+
+@dataclass
+class Results:
+    path: Path
+    metric_name: str    # the header's second column, e.g. "val_bpb" or "pass@1"
+    rows: list          # list[Row] in file order; rows[0] is the baseline
+    skipped: list       # raw lines left out as malformed, e.g. a partial last line still being written
+
+
+def load_results(path):
+    """Read a results.tsv. Columns are found by header name, so extra columns anywhere are ignored.
+
+    Blank and malformed lines (too few fields, unknown status, unparseable metric) are skipped and listed in
+    Results.skipped. Raises FileNotFoundError when the file is missing and ValueError when the first line is
+    not a results.tsv header (both messages name the fix).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such results file. Run the agent first (uv run agent.py --tag <tag>) "
+                                f"or pass the path of a results.tsv, e.g. results.tsv.example")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    header = lines[0].split("\t") if lines else []
+    if len(header) < 2 or header[0] != "commit" or "status" not in header:
+        got = repr(lines[0][:80]) if lines else "an empty file"
+        raise ValueError(f"{path}: expected a results.tsv header '{HEADER_HINT}', got {got}. "
+                         f"Pass the results.tsv the agent wrote in the target folder")
+    col = {name: i for i, name in enumerate(header)}
+    rows, skipped = [], []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        row = _parse_row(line.split("\t"), col)
+        if row is None:
+            skipped.append(line)
+        else:
+            rows.append(row)
+    return Results(path=path, metric_name=header[1], rows=rows, skipped=skipped)
+
+
+def _parse_row(fields, col):
+    """One Row, or None when the line is malformed (a line cut short while being written ends up here)."""
+    def field(name, default=""):
+        i = col.get(name)
+        return fields[i].strip() if i is not None and i < len(fields) else default
+    status = field("status")
+    if status not in STATUSES:
+        return None
+    try:
+        metric = float(fields[1])
+        memory_gb = float(field("memory_gb", "0") or 0)
+    except ValueError:
+        return None
+    return Row(commit=fields[0].strip(), metric=metric, memory_gb=memory_gb, status=status,
+               description=field("description"))
+
+
+def load_events(path):
+    """Read events.jsonl into a list of dicts. Lines that are not a JSON object (a partial last line) are
+    skipped. Raises FileNotFoundError naming the fix when the file is missing."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such events file. The agent writes events.jsonl next to "
+                                f"results.tsv; pass its path with --events")
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def experiment_events(events, tag=None):
+    """The "experiment" events (one per finished training run), optionally only those of one tag."""
+    return [e for e in events if e.get("event") == "experiment" and (tag is None or e.get("tag") == tag)]
+
+
+def select_tag(rows, events, tag):
+    """The rows of run `tag`, matched to its experiment events by commit.
+
+    Matching walks both lists backwards and only moves back in the file, so when two runs started from the
+    same commit (same baseline commit), each run's baseline pairs with the row written just before its own
+    experiments. Raises ValueError listing the tags present when `tag` has no experiment event.
+    """
+    wanted = experiment_events(events, tag)
+    if not wanted:
+        tags = sorted({str(e.get("tag")) for e in experiment_events(events)})
+        raise ValueError(f"no experiment events for tag {tag!r}; tags in the events file: {', '.join(tags) or 'none'}")
+    picked, i = [], len(rows) - 1
+    for event in reversed(wanted):
+        j = i
+        while j >= 0 and rows[j].commit != event.get("commit"):
+            j -= 1
+        if j >= 0:
+            picked.append(rows[j])
+            i = j - 1
+    return picked[::-1]
+
+# ---------------------------------------------------------------------------
+# Direction of the metric
+# ---------------------------------------------------------------------------
+
+def read_goal(target_dir):
+    """METRIC_GOAL ("min" or "max") from target_dir/prepare.py, read with ast; None when there is no
+    prepare.py or it declares no METRIC_GOAL. Raises ValueError on any other value."""
+    path = Path(target_dir) / "prepare.py"
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "METRIC_GOAL" for t in node.targets):
+            goal = ast.literal_eval(node.value)
+            if goal not in ("min", "max"):
+                raise ValueError(f"{path}: METRIC_GOAL must be 'min' or 'max', got {goal!r}")
+            return goal
+    return None
+
+
+def infer_goal(metric_name):
+    """Guess "min" or "max" from a metric's name (val_bpb, loss -> min; pass@1, accuracy -> max).
+    Raises ValueError naming --goal when the name says nothing."""
+    name = metric_name.lower()
+    if any(k in name for k in ("bpb", "bpc", "loss", "nll", "perplexity", "ppl", "error")):
+        return "min"
+    if any(k in name for k in ("pass@", "acc", "reward", "score", "f1", "exact", "win")):
+        return "max"
+    raise ValueError(f"cannot tell whether a higher or lower {metric_name!r} is better; pass --goal min or --goal max")
+
+
+def better(a, b, goal):
+    """True when metric a is strictly better than b in the goal's direction."""
+    return a < b if goal == "min" else a > b
+
+# ---------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------
+
+def has_metric(row):
+    """A row whose metric means something: not a crash, and a finite number."""
+    return row.status != "crash" and math.isfinite(row.metric)
+
+
+def running_best(rows, goal):
+    """Best kept metric up to and including each row (None before the first kept row); same length as rows."""
+    best, out = None, []
+    for row in rows:
+        if row.status == "keep" and has_metric(row) and (best is None or better(row.metric, best, goal)):
+            best = row.metric
+        out.append(best)
+    return out
+
+
+@dataclass
+class Summary:
+    metric_name: str
+    goal: str
+    total: int                 # rows, baseline included
+    counts: dict               # status -> rows, every status present
+    baseline: float | None     # metric of the first row; None when there is none or it crashed
+    best: float | None         # best metric among kept rows
+    best_commit: str | None
+    improvement: float | None  # baseline -> best in the goal's direction: positive means better
+    improvement_pct: float | None  # improvement as % of |baseline|; None when the baseline is 0
+    kept_experiments: int      # kept rows after the baseline
+    success_rate: float | None # kept_experiments / experiments after the baseline; None when there are none
+
+
+def summarize(rows, metric_name, goal):
+    """Counts, baseline (first row), best kept row, improvement and success rate of a list of Rows."""
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    baseline = rows[0].metric if rows and has_metric(rows[0]) else None
+    best_row = None
+    for row in rows:
+        if row.status == "keep" and has_metric(row) and (best_row is None or better(row.metric, best_row.metric, goal)):
+            best_row = row
+    best = best_row.metric if best_row else None
+    improvement = pct = None
+    if baseline is not None and best is not None:
+        improvement = baseline - best if goal == "min" else best - baseline
+        pct = 100 * improvement / abs(baseline) if baseline != 0 else None
+    kept_experiments = sum(r.status == "keep" for r in rows[1:])
+    experiments = len(rows) - 1
+    return Summary(metric_name=metric_name, goal=goal, total=len(rows), counts=counts, baseline=baseline, best=best,
+                   best_commit=best_row.commit if best_row else None, improvement=improvement, improvement_pct=pct,
+                   kept_experiments=kept_experiments,
+                   success_rate=kept_experiments / experiments if experiments > 0 else None)
+
+
+def kept_table(rows, goal):
+    """One dict per kept row: commit, metric, gain over the best before it (positive = better; None for the
+    first kept row) and description."""
+    table, best = [], None
+    for row, best_after in zip(rows, running_best(rows, goal)):
+        if row.status == "keep" and has_metric(row):
+            gain = None if best is None else (best - row.metric if goal == "min" else row.metric - best)
+            table.append({"commit": row.commit, "metric": row.metric, "gain": gain, "description": row.description})
+        best = best_after
+    return table
+
+
+@dataclass
+class EventStats:
+    experiments: int           # experiment events counted
+    wall_seconds: float        # whole iterations: propose + train + bookkeeping
+    train_seconds: float       # the training subprocesses
+    llm_seconds: float
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+def event_stats(events, tag=None):
+    """Totals over the experiment events (of one tag when given); a field an event lacks counts as 0."""
+    exps = experiment_events(events, tag)
+    def total(key):
+        return sum(e.get(key) or 0 for e in exps)
+    return EventStats(experiments=len(exps), wall_seconds=total("wall_seconds"), train_seconds=total("train_seconds"),
+                      llm_seconds=total("llm_seconds"), input_tokens=int(total("input_tokens")),
+                      output_tokens=int(total("output_tokens")), cost_usd=total("cost_usd"))
+
+# ---------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------
+
+def _signed(x):
+    return "-" if x is None else f"{x:+.6f}"
+
+
+def _duration(seconds):
+    seconds = round(seconds)
+    h, m, s = seconds // 3600, seconds % 3600 // 60, seconds % 60
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def format_summary(s):
+    """The summary as a few aligned lines of text."""
+    c = s.counts
+    direction = "lower" if s.goal == "min" else "higher"
+    lines = [f"metric       {s.metric_name} ({direction} is better)",
+             f"experiments  {s.total} rows = baseline + {max(s.total - 1, 0)}: "
+             f"{c['keep']} keep, {c['discard']} discard, {c['crash']} crash"]
+    if s.total == 0:
+        return "\n".join(lines + ["no experiments yet"])
+    lines.append(f"baseline     {s.baseline:.6f}" if s.baseline is not None else "baseline     crashed (no metric)")
+    if s.best is None:
+        lines.append("best         none: no kept row with a metric")
+    else:
+        pct = f" ({s.improvement_pct:+.2f}%)" if s.improvement_pct is not None else ""
+        gain = f", improvement {_signed(s.improvement)}{pct}" if s.improvement is not None else ""
+        lines.append(f"best         {s.best:.6f} at {s.best_commit}{gain}")
+    if s.success_rate is not None:
+        lines.append(f"success rate {s.kept_experiments}/{s.total - 1} = {100 * s.success_rate:.1f}% of experiments kept")
+    return "\n".join(lines)
+
+
+def format_kept(table, metric_name):
+    """The kept commits as a plain text table."""
+    if not table:
+        return "kept commits: none"
+    width = max(len(metric_name), 9)
+    lines = [f"{'commit':<8} {metric_name:>{width}} {'gain':>10}  description"]
+    for t in table:
+        lines.append(f"{t['commit']:<8} {t['metric']:>{width}.6f} {_signed(t['gain']):>10}  {t['description']}")
+    return "\n".join(lines)
+
+
+def format_events(st):
+    """Time per experiment and token / cost totals as text."""
+    if st.experiments == 0:
+        return "events: no experiment events"
+    n = st.experiments
+    return "\n".join([
+        f"time         {n} experiments in {_duration(st.wall_seconds)}: per experiment {st.wall_seconds / n:.1f} s "
+        f"(train {st.train_seconds / n:.1f} s, llm {st.llm_seconds / n:.1f} s)",
+        f"tokens       {st.input_tokens:,} in, {st.output_tokens:,} out, cost ${st.cost_usd:.2f}",
+    ])
+
+# ---------------------------------------------------------------------------
+# Plot
+# ---------------------------------------------------------------------------
+
+def _y_limits(rows, goal):
+    """Axis limits from the rows with a metric. Crashes (0.0) never count. A discard far on the bad side (a
+    diverged run) would flatten the kept curve, so the bad side is capped a couple of kept spans away."""
+    values = [r.metric for r in rows if has_metric(r)]
+    kept = [r.metric for r in rows if r.status == "keep" and has_metric(r)]
+    lo, hi = min(values), max(values)
+    if kept:
+        room = max(max(kept) - min(kept), 0.01 * abs(max(kept)), 1e-6)
+        if goal == "min":
+            hi = min(hi, max(kept) + 2 * room)
+        else:
+            lo = max(lo, min(kept) - 2 * room)
+    pad = 0.06 * (hi - lo) or 0.01 * abs(hi) or 0.01
+    return lo - pad, hi + pad
+
+
+def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
+    """Draw the run and save it as a PNG at `png`; returns the Path.
+
+    x: experiment number (0 = baseline). Running best as a step line, kept rows as green dots labelled with
+    their description, discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is
+    not a metric), discards beyond the axis as grey triangles on that edge.
+    """
+    fig = Figure(figsize=(11, 5.5), dpi=110)
+    ax = fig.subplots()
+    c = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    ax.set_title(f"{title}: {len(rows)} experiments, {c['keep']} kept, {c['discard']} discarded, {c['crash']} crashed")
+    ax.set_xlabel("experiment (0 = baseline)")
+    ax.set_ylabel(f"{metric_name} ({'lower' if goal == 'min' else 'higher'} is better)")
+    ax.grid(alpha=0.3)
+    ax.set_xlim(-0.5, max(len(rows) - 0.5, 0.5))
+    edge = 0.97 if goal == "min" else 0.03   # the bad side of the y axis, in axes coordinates
+    on_edge = ax.get_xaxis_transform()       # x in data, y in axes coordinates
+
+    if any(has_metric(r) for r in rows):
+        lo, hi = _y_limits(rows, goal)
+        ax.set_ylim(lo, hi)
+        inside = [(i, r.metric) for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and lo <= r.metric <= hi]
+        outside = [i for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and not lo <= r.metric <= hi]
+        if inside:
+            ax.scatter(*zip(*inside), s=16, color="0.55", alpha=0.4, label="discard", zorder=2)
+        if outside:
+            ax.scatter(outside, [edge] * len(outside), transform=on_edge, marker="^" if goal == "min" else "v",
+                       s=22, color="0.55", alpha=0.6, label="discard, off scale", zorder=2, clip_on=False)
+        best = running_best(rows, goal)
+        steps = [(i, b) for i, b in enumerate(best) if b is not None]
+        if steps:
+            ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
+        for i, r in enumerate(rows):
+            if r.status == "keep" and has_metric(r):
+                ax.scatter([i], [r.metric], s=46, color="tab:green", edgecolor="black", linewidth=0.6, zorder=4,
+                           label="keep" if not any(rr.status == "keep" for rr in rows[:i]) else None)
+                ax.annotate(r.description[:40], (i, r.metric), xytext=(4, 5), textcoords="offset points",
+                            fontsize=7, rotation=20, color="darkgreen")
+    else:
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "no experiments yet" if not rows else "no metric yet: every run crashed",
+                transform=ax.transAxes, ha="center", va="center", fontsize=13, color="0.3")
+    crashes = [i for i, r in enumerate(rows) if r.status == "crash"]
+    if crashes:
+        ax.scatter(crashes, [edge] * len(crashes), transform=on_edge, marker="x", s=40, color="tab:red",
+                   label="crash (no metric)", zorder=5, clip_on=False)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left" if goal == "max" else "lower left", fontsize=8)  # the corner the curve leaves empty
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png)
+    return png
+
+# ---------------------------------------------------------------------------
+# Entry points: analysis.ipynb calls load_run, the command line calls main
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    path: Path                 # the results.tsv read
+    title: str                 # file name, plus the tag when one was selected
+    metric_name: str
+    goal: str                  # "min" or "max"
+    rows: list                 # list[Row]: the whole file, or the tag's rows
+    skipped: list              # malformed lines left out of the file
+    events: list | None        # every event of the events file; None when there is no events file
+    tag: str | None
+
+
+def load_run(results=".", events=None, tag=None, goal=None):
+    """Everything the report needs, as the command line and the notebook both ask for it.
+
+    results: a results.tsv or a target folder holding one. events: an events.jsonl; None means the one next
+    to results.tsv if it exists. tag: keep only that run's rows (needs the events file). goal: "min"/"max";
+    None means METRIC_GOAL of prepare.py next to results.tsv, else guessed from the metric name.
+    Raises FileNotFoundError / ValueError with a message naming the fix.
+    """
+    path = Path(results)
+    path = path / "results.tsv" if path.is_dir() else path
+    loaded = load_results(path)
+    events_path = Path(events) if events else path.parent / "events.jsonl"
+    event_list = load_events(events_path) if events or events_path.is_file() else None
+    if tag and event_list is None:
+        raise ValueError(f"--tag needs the events file to know which rows belong to a run, and {events_path} "
+                         f"does not exist; pass it with --events")
+    rows = select_tag(loaded.rows, event_list, tag) if tag else loaded.rows
+    goal = goal or read_goal(path.parent) or infer_goal(loaded.metric_name)
+    return Run(path=path, title=path.name + (f" tag {tag}" if tag else ""), metric_name=loaded.metric_name,
+               goal=goal, rows=rows, skipped=loaded.skipped, events=event_list, tag=tag)
+
+
+def main(argv=None):
+    """Print the report of a run and write progress.png. Returns the exit status (0 ok, 2 bad input)."""
+    parser = argparse.ArgumentParser(description="Summarise a run: counts, best, kept commits, progress.png")
+    parser.add_argument("results", nargs="?", default=".", help="results.tsv, or a target folder holding one (default: .)")
+    parser.add_argument("--events", help="events.jsonl (default: the one next to results.tsv, if any)")
+    parser.add_argument("--tag", help="only the experiments of this run tag (needs the events file)")
+    parser.add_argument("--png", help="where to write the plot (default: progress.png next to results.tsv)")
+    parser.add_argument("--goal", choices=("min", "max"), help="is a lower or higher metric better (default: "
+                        "METRIC_GOAL in prepare.py next to results.tsv, else guessed from the metric name)")
+    args = parser.parse_args(argv)
+    try:
+        run = load_run(args.results, args.events, args.tag, args.goal)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in run.skipped:
+        print(f"warning: skipped a malformed line (a partial last line is normal while a run is going): {line[:80]!r}",
+              file=sys.stderr)
+
+    print(f"report of {run.title}")
+    print(format_summary(summarize(run.rows, run.metric_name, run.goal)))
+    print()
+    print(format_kept(kept_table(run.rows, run.goal), run.metric_name))
+    if run.events is not None:
+        print()
+        print(format_events(event_stats(run.events, run.tag)))
+    png = plot_progress(run.rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title)
+    print(f"\nwrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
