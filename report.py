@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure  # the object API needs no pyplot backend: safe headless and in Jupyter
+from matplotlib.ticker import MaxNLocator
 
 STATUSES = ("keep", "discard", "crash")
 HEADER_HINT = "commit<TAB><metric>\tmemory_gb\tstatus\tdescription"
@@ -324,16 +325,16 @@ def format_events(st):
 
 def _y_limits(rows, goal):
     """Axis limits from the rows with a metric. Crashes (0.0) never count. A discard far on the bad side (a
-    diverged run) would flatten the kept curve, so the bad side is capped a couple of kept spans away."""
+    diverged run) would flatten the kept curve, so the bad side is capped one kept span away."""
     values = [r.metric for r in rows if has_metric(r)]
     kept = [r.metric for r in rows if r.status == "keep" and has_metric(r)]
     lo, hi = min(values), max(values)
     if kept:
         room = max(max(kept) - min(kept), 0.01 * abs(max(kept)), 1e-6)
         if goal == "min":
-            hi = min(hi, max(kept) + 2 * room)
+            hi = min(hi, max(kept) + room)
         else:
-            lo = max(lo, min(kept) - 2 * room)
+            lo = max(lo, min(kept) - room)
     pad = 0.06 * (hi - lo) or 0.01 * abs(hi) or 0.01
     return lo - pad, hi + pad
 
@@ -347,12 +348,17 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
     """
     fig = Figure(figsize=(11, 5.5), dpi=110)
     ax = fig.subplots()
-    c = {s: sum(r.status == s for r in rows) for s in STATUSES}
-    ax.set_title(f"{title}: {len(rows)} experiments, {c['keep']} kept, {c['discard']} discarded, {c['crash']} crashed")
+    s = summarize(rows, metric_name, goal)
+    c = s.counts
+    headline = f"{title}: {len(rows)} experiments, {c['keep']} kept, {c['discard']} discarded, {c['crash']} crashed"
+    if s.best is not None and s.improvement_pct is not None:
+        headline += f"\nbest {s.best:.6f} ({s.improvement_pct:+.2f}% vs baseline {s.baseline:.6f})"
+    ax.set_title(headline)
     ax.set_xlabel("experiment (0 = baseline)")
     ax.set_ylabel(f"{metric_name} ({'lower' if goal == 'min' else 'higher'} is better)")
     ax.grid(alpha=0.3)
     ax.set_xlim(-0.5, max(len(rows) - 0.5, 0.5))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     edge = 0.97 if goal == "min" else 0.03   # the bad side of the y axis, in axes coordinates
     on_edge = ax.get_xaxis_transform()       # x in data, y in axes coordinates
 
@@ -374,7 +380,7 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
             if r.status == "keep" and has_metric(r):
                 ax.scatter([i], [r.metric], s=46, color="tab:green", edgecolor="black", linewidth=0.6, zorder=4,
                            label="keep" if not any(rr.status == "keep" for rr in rows[:i]) else None)
-                ax.annotate(r.description[:40], (i, r.metric), xytext=(4, 5), textcoords="offset points",
+                ax.annotate(r.description[:32], (i, r.metric), xytext=(4, 5), textcoords="offset points",
                             fontsize=7, rotation=20, color="darkgreen")
     else:
         ax.set_yticks([])
