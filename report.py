@@ -27,7 +27,7 @@ from matplotlib.figure import Figure  # the object API needs no pyplot backend: 
 from matplotlib.ticker import MaxNLocator
 
 STATUSES = ("keep", "discard", "crash")
-HEADER_HINT = "commit<TAB><metric>\tmemory_gb\tstatus\tdescription"
+HEADER_HINT = "commit<TAB><metric><TAB>memory_gb<TAB>status<TAB>description"
 
 # ---------------------------------------------------------------------------
 # Loading (tolerant: the agent may be appending while we read)
@@ -61,7 +61,9 @@ def load_results(path):
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such results file. Run the agent first (uv run agent.py --tag <tag>) "
                                 f"or pass the path of a results.tsv, e.g. results.tsv.example")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    # split on "\n" only: splitlines() would also break a row at characters like U+2028 inside a description
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    lines = [line.rstrip("\r") for line in text.split("\n")] if text else []
     header = lines[0].split("\t") if lines else []
     if len(header) < 2 or header[0] != "commit" or "status" not in header:
         got = repr(lines[0][:80]) if lines else "an empty file"
@@ -376,12 +378,13 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
         steps = [(i, b) for i, b in enumerate(best) if b is not None]
         if steps:
             ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
-        for i, r in enumerate(rows):
-            if r.status == "keep" and has_metric(r):
-                ax.scatter([i], [r.metric], s=46, color="tab:green", edgecolor="black", linewidth=0.6, zorder=4,
-                           label="keep" if not any(rr.status == "keep" for rr in rows[:i]) else None)
-                ax.annotate(r.description[:32], (i, r.metric), xytext=(4, 5), textcoords="offset points",
-                            fontsize=7, rotation=20, color="darkgreen")
+        kept = [(i, r) for i, r in enumerate(rows) if r.status == "keep" and has_metric(r)]
+        if kept:
+            ax.scatter([i for i, _ in kept], [r.metric for _, r in kept], s=46, color="tab:green", edgecolor="black",
+                       linewidth=0.6, label="keep", zorder=4)
+        for i, r in kept:
+            ax.annotate(r.description[:32], (i, r.metric), xytext=(4, 5), textcoords="offset points",
+                        fontsize=7, rotation=20, color="darkgreen")
     else:
         ax.set_yticks([])
         ax.text(0.5, 0.5, "no experiments yet" if not rows else "no metric yet: every run crashed",
