@@ -31,7 +31,7 @@ def assert_png_drawn(path):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture, events", [
-    ("normal.tsv", "normal.events.jsonl"),
+    ("normal.tsv", "normal_events.jsonl"),
     ("no_keeps.tsv", None),
     ("only_crashes.tsv", None),
     ("extra_columns.tsv", None),
@@ -129,7 +129,7 @@ def test_goal_from_prepare_py_then_header_then_error(tmp_path):
 
 
 def test_event_stats_of_normal_fixture():
-    events = report.load_events(FIXTURES / "normal.events.jsonl")   # its last line is cut short: skipped
+    events = report.load_events(FIXTURES / "normal_events.jsonl")   # its last line is cut short: skipped
     assert [e["event"] for e in events].count("experiment") == 6 and len(events) == 8
     st = report.event_stats(events)
     assert (st.experiments, st.wall_seconds, st.train_seconds, st.llm_seconds) == (6, 1740.0, 1580.0, 105.0)
@@ -178,7 +178,7 @@ def test_bad_input_gives_clear_errors(tmp_path, capsys):
 
 def test_cli_prints_summary_and_writes_png(tmp_path, capsys):
     png = tmp_path / "progress.png"
-    rc = report.main([str(FIXTURES / "normal.tsv"), "--events", str(FIXTURES / "normal.events.jsonl"), "--png", str(png)])
+    rc = report.main([str(FIXTURES / "normal.tsv"), "--events", str(FIXTURES / "normal_events.jsonl"), "--png", str(png)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "experiments  6 rows = baseline + 5: 3 keep, 2 discard, 1 crash\n" in out
