@@ -1,0 +1,754 @@
+"""
+prepare.py -- FROZEN. Data, tokenizer, dataloader and the evaluator (the fixed metric).
+
+The research agent must not edit this file: agent.py checks its hash before and after every
+experiment and rejects a candidate that changed it. train.py imports the runtime utilities below.
+
+Usage:
+    uv run prepare.py                                   # climbmix shards from Hugging Face, H100 profile
+    uv run prepare.py --num-shards 8                    # fewer training shards (the val shard is pinned)
+    uv run prepare.py --dataset tinystories --profile small     # a Mac or a small GPU
+    uv run prepare.py --source ../shared/data/corpora --profile cpu   # offline: local .txt/.jsonl/.parquet
+    uv run prepare.py --check                           # exit 0 if prepared data is ready (agent.py uses it)
+
+Everything is written to $AUTORESEARCH_CACHE (default ~/.cache/autoresearch). The evaluation constants
+(MAX_SEQ_LEN, EVAL_TOKENS, VOCAB_SIZE) come from the profile chosen here and are recorded with the data,
+so every train.py run on this cache is scored the same way.
+"""
+
+import argparse
+import errno
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import requests
+import rustbpe
+import tiktoken
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------
+# Constants (fixed, do not modify)
+# ---------------------------------------------------------------------------
+
+METRIC_NAME = "val_bpb"  # what agent.py reads from the summary (with ast, never by importing)
+METRIC_GOAL = "min"      # lower bits per byte is better
+TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
+PREFLIGHT = False        # nothing to check before the loop beyond --check
+
+# Smoke tests and CI shorten the budget through this variable. train.py prints `budget_override: 1`
+# in its summary whenever it is set, so a shortened run can never pass for a real one.
+TIME_BUDGET_ENV = "AUTORESEARCH_TIME_BUDGET"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Evaluation constants fixed for one prepared dataset."""
+    name: str
+    max_seq_len: int   # context length of training rows and of evaluation rows, tokens
+    eval_tokens: int   # tokens scored by evaluate_bpb
+    vocab_size: int    # BPE vocabulary including the special tokens
+    doc_chars: int     # local text is cut into documents of at most this many characters
+
+
+# default: karpathy/autoresearch's H100 values. small: Macs and GPUs with 8-24 GB; 1M eval tokens take
+# ~10-20 s on an M2-class device. cpu: a 2-core machine; a 2048 vocab keeps the embedding and the output
+# layer from dominating a ~3M-parameter model, 256-token rows fit the context such a model uses, and
+# 2^16 eval tokens take < 8 % of the 300 s budget while keeping the val_bpb standard error ~0.003.
+# doc_chars ~ 2 chars per row token: most local documents fit a row whole, so best-fit packing wastes little.
+PROFILES = {
+    "default": Profile("default", max_seq_len=2048, eval_tokens=40 * 524288, vocab_size=8192, doc_chars=4096),
+    "small": Profile("small", max_seq_len=512, eval_tokens=2 * 524288, vocab_size=4096, doc_chars=1024),
+    "cpu": Profile("cpu", max_seq_len=256, eval_tokens=65536, vocab_size=2048, doc_chars=512),
+}
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+MAX_SHARD = 6542                                 # the last climbmix shard is shard_06542.parquet
+VAL_SHARD_NAME = f"shard_{MAX_SHARD:05d}.parquet"  # pinned validation shard, never trained on
+TINYSTORIES_URL = "https://huggingface.co/datasets/karpathy/tinystories-gpt4-clean/resolve/main/tinystories_gpt4_clean.parquet"
+
+LOCAL_VAL_NAME = "val.parquet"   # converted sources keep their held-out split under this name
+VAL_BLOCK = 8                    # converted sources: documents go to val in blocks of 8 ...
+VAL_EVERY = 10                   # ... every 10th block (10 %, spread over every file)
+MAX_REPLACED_FRACTION = 0.01     # more undecodable bytes than this and a file is not UTF-8 text
+
+# BPE split pattern (GPT-4 style, with \p{N}{1,2} instead of {1,3}); the same pattern trains and encodes.
+SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+SPECIAL_TOKENS = [f"<|reserved_{i}|>" for i in range(4)]
+BOS_TOKEN = SPECIAL_TOKENS[0]
+TOKENIZER_MAX_CHARS = 1_000_000_000  # tokenizer training reads at most this much training text
+TOKENIZER_DOC_CAP = 10_000           # and at most this much of any one document
+
+
+def cache_dir():
+    """The cache root: $AUTORESEARCH_CACHE, default ~/.cache/autoresearch (read at call time)."""
+    return Path(os.environ.get("AUTORESEARCH_CACHE", Path.home() / ".cache" / "autoresearch")).expanduser()
+
+
+class PrepareError(Exception):
+    """A problem the user must fix; the message names the fix. Exits with code 1 from the CLI."""
+
+
+def time_budget():
+    """Effective training budget in seconds and whether it was overridden.
+
+    Returns (seconds: float, overridden: bool). Raises PrepareError if $AUTORESEARCH_TIME_BUDGET is
+    set but is not a positive number.
+    """
+    raw = os.environ.get(TIME_BUDGET_ENV)
+    if raw is None or raw == "":
+        return float(TIME_BUDGET), False
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise PrepareError(f"{TIME_BUDGET_ENV}={raw!r} is not a positive number of seconds; unset it or use e.g. {TIME_BUDGET_ENV}=30")
+    return seconds, True
+
+# ---------------------------------------------------------------------------
+# Prepared-data record
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What prepare.py wrote: the dataset, its profile and where its files are."""
+    root: Path         # the cache root
+    dataset: str       # climbmix | tinystories | local
+    source: str        # URL or absolute local path
+    profile: Profile
+    data_dir: Path     # parquet shards with a `text` column
+    val_name: str      # file name of the held-out split inside data_dir
+
+    @property
+    def tokenizer_dir(self):
+        return self.root / "tokenizer"
+
+    @property
+    def max_seq_len(self):
+        return self.profile.max_seq_len
+
+    @property
+    def eval_tokens(self):
+        return self.profile.eval_tokens
+
+    @property
+    def vocab_size(self):
+        return self.profile.vocab_size
+
+
+def _meta_path(root):
+    return root / "prepared.json"
+
+
+def load_prepared(root=None):
+    """Read the record written at the end of a successful prepare.py run.
+
+    Raises PrepareError (naming the command to run) if the cache is missing, incomplete or corrupt.
+    """
+    root = Path(root) if root is not None else cache_dir()
+    path = _meta_path(root)
+    if not path.exists():
+        raise PrepareError(f"no prepared data in {root}: run prepare.py first, e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+    try:
+        meta = json.loads(path.read_text())
+        # the record, not today's PROFILES table, is the truth for data prepared earlier
+        profile = Profile(meta["profile"], int(meta["max_seq_len"]), int(meta["eval_tokens"]), int(meta["vocab_size"]), int(meta["doc_chars"]))
+        prepared = Prepared(root, meta["dataset"], meta["source"], profile, root / meta["data_dir"], meta["val_name"])
+    except (ValueError, KeyError) as e:
+        raise PrepareError(f"{path} is unreadable ({e}): re-run prepare.py with --force")
+    missing = [p for p in (prepared.data_dir / prepared.val_name, prepared.tokenizer_dir / "tokenizer.pkl",
+                           prepared.tokenizer_dir / "token_bytes.pt") if not p.exists()]
+    if missing:
+        raise PrepareError(f"prepared data in {root} is incomplete ({missing[0]} is missing): re-run prepare.py with --force")
+    return prepared
+
+
+def _write_atomic(path, data):
+    """Write bytes to path through a temporary file, so a crash never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+# ---------------------------------------------------------------------------
+# Data download (climbmix, tinystories)
+# ---------------------------------------------------------------------------
+
+
+def parquet_ok(path):
+    """True if path is a readable parquet file (footer parses) with at least one row and a `text` column."""
+    try:
+        meta = pq.ParquetFile(path).metadata
+        return meta.num_rows > 0 and "text" in meta.schema.names
+    except Exception:
+        return False
+
+
+class OfflineError(PrepareError):
+    pass
+
+
+def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
+    """Download url to path: stream to path.tmp, validate it as parquet, then rename.
+
+    A truncated or corrupt download is deleted and fetched again; an existing file is validated
+    before it counts as done. Retries with exponential backoff (backoff * 2**k seconds).
+    Raises OfflineError if the host cannot be reached at all, PrepareError on a 404 or when every
+    attempt failed.
+    """
+    path = Path(path)
+    if path.exists():
+        if parquet_ok(path):
+            return path
+        print(f"  {path.name}: existing file is corrupt, fetching it again")
+        path.unlink()
+    tmp = path.with_name(path.name + ".tmp")
+    last_error, unreachable = None, True
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            with requests.get(url, stream=True, timeout=timeout) as response:
+                unreachable = False
+                if response.status_code == 404:
+                    raise PrepareError(f"{url} does not exist (HTTP 404); check --num-shards / --dataset")
+                response.raise_for_status()
+                with open(tmp, "wb") as f:
+                    for chunk in response.iter_content(chunk_size=1 << 20):
+                        f.write(chunk)
+            if not parquet_ok(tmp):
+                raise ValueError("downloaded file is not a complete parquet file with a text column (truncated?)")
+            os.replace(tmp, path)
+            return path
+        except (requests.ConnectionError, requests.Timeout) as e:
+            last_error = e
+        except (requests.RequestException, ValueError) as e:
+            last_error, unreachable = e, False
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise
+            last_error, unreachable = e, False
+        finally:
+            tmp.unlink(missing_ok=True)
+        print(f"  {path.name}: attempt {attempt + 1}/{attempts} failed: {last_error}")
+    if unreachable:
+        raise OfflineError(f"cannot reach {url.split('/')[2]} (offline?): prepare local text instead with --source PATH, "
+                           f"e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+    raise PrepareError(f"could not download {url} after {attempts} attempts: {last_error}")
+
+
+def download_climbmix(data_dir, num_shards, workers, base_url=CLIMBMIX_URL, backoff=2.0):
+    """Download training shards 0..num_shards-1 plus the pinned validation shard into data_dir."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    names = [f"shard_{i:05d}.parquet" for i in range(min(num_shards, MAX_SHARD))] + [VAL_SHARD_NAME]
+    print(f"Data: {len(names)} climbmix shards -> {data_dir}")
+    with ThreadPoolExecutor(max(1, min(workers, len(names)))) as pool:
+        futures = [pool.submit(download_file, f"{base_url}/{n}", data_dir / n, backoff=backoff) for n in names]
+        for f in futures:
+            f.result()  # re-raises the first failure (offline, 404, disk full)
+    print(f"Data: {len(names)} shards ready")
+
+# ---------------------------------------------------------------------------
+# Local sources: .txt / .jsonl / .parquet converted to the same shard layout
+# ---------------------------------------------------------------------------
+
+
+def split_text(text, doc_chars):
+    """Cut plain text into documents: paragraphs (blank-line separated) grouped up to doc_chars.
+
+    A paragraph longer than doc_chars is cut at line ends, then at spaces, then hard. Deterministic.
+    Returns a list of non-empty str.
+    """
+    pieces = []
+    for para in re.split(r"\n\s*\n", text.replace("\r\n", "\n")):
+        para = para.strip("\n")
+        while len(para) > doc_chars:
+            cut = para.rfind("\n", 0, doc_chars)
+            if cut <= 0:
+                cut = para.rfind(" ", 0, doc_chars)
+            if cut <= 0:
+                cut = doc_chars
+            pieces.append(para[:cut])
+            para = para[cut:].lstrip("\n ")
+        if para.strip():
+            pieces.append(para)
+    docs, current = [], ""
+    for piece in pieces:
+        if current and len(current) + 2 + len(piece) > doc_chars:
+            docs.append(current)
+            current = piece
+        else:
+            current = current + "\n\n" + piece if current else piece
+    if current:
+        docs.append(current)
+    return docs
+
+
+def read_source_file(path, doc_chars):
+    """Documents of one local file. Returns (docs: list[str], replaced_chars: int).
+
+    .txt: UTF-8; undecodable bytes become U+FFFD and are counted; a file with more than 1 % of them is
+    rejected as not UTF-8. .jsonl: one JSON object per line with a string field `text`. .parquet: a
+    `text` column. Raises PrepareError naming the file (and line) on bad input.
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        raw = path.read_bytes()
+        text = raw.decode("utf-8", errors="replace")
+        replaced = text.count("\ufffd") - raw.count("\ufffd".encode())
+        if replaced > MAX_REPLACED_FRACTION * max(1, len(text)):
+            raise PrepareError(f"{path}: {replaced} undecodable bytes, this is not UTF-8 text; convert it (e.g. `iconv -f latin1 -t utf-8`) or remove it")
+        return split_text(text, doc_chars), replaced
+    if suffix == ".jsonl":
+        docs = []
+        with open(path, encoding="utf-8", errors="strict") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)["text"]
+                except (ValueError, KeyError, TypeError):
+                    raise PrepareError(f"{path}:{lineno}: expected a JSON object with a string field \"text\"")
+                if not isinstance(text, str):
+                    raise PrepareError(f"{path}:{lineno}: field \"text\" is {type(text).__name__}, expected a string")
+                if text.strip():
+                    docs.append(text)
+        return docs, 0
+    if suffix == ".parquet":
+        try:
+            table = pq.read_table(path, columns=["text"])
+        except Exception as e:
+            raise PrepareError(f"{path}: cannot read a `text` column ({e})")
+        return [t for t in table.column("text").to_pylist() if isinstance(t, str) and t.strip()], 0
+    raise PrepareError(f"{path}: unsupported file type {suffix!r}; use .txt, .jsonl or .parquet")
+
+
+def source_files(source):
+    """The .txt/.jsonl/.parquet files under source (a file or a directory), sorted for determinism."""
+    source = Path(source).expanduser()
+    if not source.exists():
+        raise PrepareError(f"--source {source} does not exist; pass a file or a directory of .txt/.jsonl/.parquet files")
+    if source.is_file():
+        return [source]
+    files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in (".txt", ".jsonl", ".parquet"))
+    if not files:
+        raise PrepareError(f"--source {source} holds no .txt, .jsonl or .parquet files")
+    return files
+
+
+def _write_shards(docs, out_dir, stem, rows_per_shard=100_000):
+    paths = []
+    for i in range(0, len(docs), rows_per_shard):
+        path = out_dir / f"{stem}_{i // rows_per_shard:05d}.parquet"
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(pa.table({"text": docs[i:i + rows_per_shard]}), tmp, row_group_size=1024)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def convert_source(files, data_dir, doc_chars):
+    """Convert local files into train shards + val.parquet in data_dir (rebuilt from scratch).
+
+    The held-out split takes every VAL_EVERY-th block of VAL_BLOCK consecutive documents of each file,
+    so validation text comes from all over every file and never appears in training.
+    Returns a dict of counts. Raises PrepareError if there is no text or no validation text.
+    """
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True)
+    train, val, replaced = [], [], 0
+    for path in files:
+        docs, bad = read_source_file(path, doc_chars)
+        replaced += bad
+        for i, doc in enumerate(docs):
+            (val if (i // VAL_BLOCK) % VAL_EVERY == VAL_EVERY - 1 else train).append(doc)
+        print(f"  {path.name}: {len(docs):,} documents" + (f", {bad} undecodable bytes replaced by U+FFFD" if bad else ""))
+    if not train:
+        raise PrepareError(f"no text found in {len(files)} source file(s): the source is empty")
+    if not val:
+        raise PrepareError(f"only {len(train)} documents: too little text for a held-out split (need at least {VAL_BLOCK * VAL_EVERY}); add more text")
+    _write_shards(train, data_dir, "shard")
+    tmp = data_dir / (LOCAL_VAL_NAME + ".tmp")
+    pq.write_table(pa.table({"text": val}), tmp, row_group_size=1024)
+    os.replace(tmp, data_dir / LOCAL_VAL_NAME)
+    return {"train_docs": len(train), "val_docs": len(val), "replaced_chars": replaced}
+
+# ---------------------------------------------------------------------------
+# Tokenizer training
+# ---------------------------------------------------------------------------
+
+
+def train_files(prepared):
+    """Sorted training shards: every parquet file in data_dir except the validation file."""
+    files = sorted(p for p in prepared.data_dir.glob("*.parquet") if p.name != prepared.val_name)
+    if not files:
+        raise PrepareError(f"no training shards in {prepared.data_dir}: run prepare.py again (with --force)")
+    return files
+
+
+def _iter_texts(paths):
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        for rg in range(pf.num_row_groups):
+            yield from pf.read_row_group(rg, columns=["text"]).column("text").to_pylist()
+
+
+def train_tokenizer(prepared):
+    """Train a BPE tokenizer with rustbpe on training text only; save it as a pickled tiktoken Encoding.
+
+    Also writes token_bytes.pt: int32[vocab_size], the UTF-8 byte length of every token taken from its
+    raw bytes (a token holding half of a multi-byte character counts its own bytes), 0 for special tokens.
+    """
+    out = prepared.tokenizer_dir
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+
+    def texts():
+        total = 0
+        for text in _iter_texts(train_files(prepared)):
+            text = text[:TOKENIZER_DOC_CAP]
+            total += len(text)
+            yield text
+            if total >= TOKENIZER_MAX_CHARS:
+                return
+
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(texts(), prepared.vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
+    ranks = {bytes(token): rank for token, rank in bpe.get_mergeable_ranks()}
+    specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_TOKENS)}
+    enc = tiktoken.Encoding(name="autoresearch", pat_str=bpe.get_pattern(), mergeable_ranks=ranks, special_tokens=specials)
+    if enc.n_vocab != prepared.vocab_size:
+        raise PrepareError(f"the training text only supports a {enc.n_vocab}-token vocabulary, the profile needs {prepared.vocab_size}: add more text or pick a smaller --profile")
+
+    sample = "Hello world! Numbers: 123, 4567. Unicode: naïve café, 你好, emoji 🙂.\n\tTabs and  spaces."
+    if enc.decode(enc.encode_ordinary(sample)) != sample:
+        raise PrepareError("tokenizer round trip failed; this is a bug, please report it")
+    _write_atomic(out / "tokenizer.pkl", pickle.dumps(enc))
+    torch.save(token_byte_lengths(enc), out / "token_bytes.pt")
+    print(f"Tokenizer: vocab {enc.n_vocab} trained in {time.time() - t0:.1f}s -> {out}")
+
+
+def token_byte_lengths(enc):
+    """int32[n_vocab]: byte length of each token's raw bytes; 0 for special tokens (never scored)."""
+    special_ids = set(enc._special_tokens.values())
+    lengths = [0 if i in special_ids else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    return torch.tensor(lengths, dtype=torch.int32)
+
+# ---------------------------------------------------------------------------
+# Runtime utilities (imported by train.py)
+# ---------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """The prepared BPE tokenizer (a tiktoken Encoding) with BOS handling."""
+
+    def __init__(self, enc):
+        self.enc = enc
+        self.bos_token_id = enc.encode_single_token(BOS_TOKEN)
+
+    @classmethod
+    def from_directory(cls, tokenizer_dir=None):
+        """Load tokenizer.pkl from tokenizer_dir (default: the prepared cache's tokenizer/)."""
+        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else load_prepared().tokenizer_dir
+        with open(tokenizer_dir / "tokenizer.pkl", "rb") as f:
+            return cls(pickle.load(f))
+
+    def get_vocab_size(self):
+        return self.enc.n_vocab
+
+    def get_bos_token_id(self):
+        return self.bos_token_id
+
+    def encode(self, text, prepend=None, num_threads=8):
+        """str -> list[int], or list[str] -> list[list[int]]; special-token text is encoded as plain text.
+        prepend: a token id put before each sequence (e.g. BOS)."""
+        if isinstance(text, str):
+            ids = self.enc.encode_ordinary(text)
+            return [prepend] + ids if prepend is not None else ids
+        if isinstance(text, list):
+            rows = self.enc.encode_ordinary_batch(text, num_threads=num_threads)
+            return [[prepend] + r for r in rows] if prepend is not None else rows
+        raise TypeError(f"encode expects str or list[str], got {type(text).__name__}")
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
+
+
+def get_token_bytes(device="cpu", prepared=None):
+    """int32[vocab_size] on device: byte length per token id, 0 for special tokens."""
+    prepared = prepared or load_prepared()
+    return torch.load(prepared.tokenizer_dir / "token_bytes.pt", map_location=device)
+
+
+def _document_batches(paths, batch_size=128):
+    """Infinite iterator of (list[str], epoch) over the parquet files, epoch counting from 1."""
+    epoch = 1
+    while True:
+        yielded = False
+        for path in paths:
+            pf = pq.ParquetFile(path)
+            for rg in range(pf.num_row_groups):
+                texts = [t for t in pf.read_row_group(rg, columns=["text"]).column("text").to_pylist() if t]
+                for i in range(0, len(texts), batch_size):
+                    yielded = True
+                    yield texts[i:i + batch_size], epoch
+        if not yielded:
+            raise PrepareError(f"no documents in {', '.join(p.name for p in paths)}: the split is empty, re-run prepare.py with more text")
+        epoch += 1
+
+
+def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_size=None):
+    """BOS-aligned best-fit packing: yields (inputs, targets, epoch) forever.
+
+    inputs, targets: int64[B, T] on device, targets = inputs shifted by one. Every row starts with BOS
+    and is filled completely (no padding): the longest buffered document that fits goes next; when none
+    fits, the shortest one is cropped to fill the row. epoch is the highest pass over the split that any
+    document in the batch comes from: the train split wraps into epoch 2, 3, ... on a small corpus. On CUDA the host buffer is pinned and the copy is non-blocking.
+    Raises PrepareError if the split has no data.
+    """
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    prepared = prepared or load_prepared()
+    paths = train_files(prepared) if split == "train" else [prepared.data_dir / prepared.val_name]
+    # A big buffer packs training rows tighter; a small one lets evaluation use nearly all of a small val
+    # split before the buffer has to pull documents from a second pass.
+    buffer_size = buffer_size or (1000 if split == "train" else 64)
+    batches = _document_batches(paths)
+    bos = tokenizer.get_bos_token_id()
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    row_capacity = T + 1
+    if B < 1 or T < 1:
+        raise ValueError(f"batch size B={B} and sequence length T={T} must be positive")
+    rows = torch.empty((B, row_capacity), dtype=torch.long)
+    host = torch.empty((2, B, T), dtype=torch.long, pin_memory=cuda)
+    docs, doc_epochs = [], []  # buffered token lists and the epoch each was read in
+    while True:
+        epoch = 1
+        for r in range(B):
+            pos = 0
+            while pos < row_capacity:
+                while len(docs) < buffer_size:
+                    texts, read_epoch = next(batches)
+                    docs.extend(tokenizer.encode(texts, prepend=bos))
+                    doc_epochs.extend([read_epoch] * len(texts))
+                remaining = row_capacity - pos
+                best, best_len = -1, 0
+                for i, doc in enumerate(docs):
+                    if best_len < len(doc) <= remaining:
+                        best, best_len = i, len(doc)
+                if best < 0:  # nothing fits whole: crop the shortest document to fill the row
+                    best = min(range(len(docs)), key=lambda i: len(docs[i]))
+                doc = docs.pop(best)[:remaining]
+                epoch = max(epoch, doc_epochs.pop(best))
+                rows[r, pos:pos + len(doc)] = torch.tensor(doc, dtype=torch.long)
+                pos += len(doc)
+        host[0].copy_(rows[:, :-1])
+        host[1].copy_(rows[:, 1:])
+        if cuda:
+            out = host.to(device, non_blocking=True)
+        elif device.type == "cpu":
+            out = host.clone()  # the next batch overwrites host; the caller may still hold this one
+        else:
+            out = host.to(device)
+        yield out[0], out[1], epoch
+
+# ---------------------------------------------------------------------------
+# Evaluation (DO NOT CHANGE -- this is the fixed metric)
+# ---------------------------------------------------------------------------
+
+
+class CausalityError(RuntimeError):
+    """The model's logits at position t depend on tokens after t: it sees the future."""
+
+
+def _logits(model, x, vocab_size):
+    logits = model(x)
+    if not isinstance(logits, torch.Tensor) or logits.shape != (*x.shape, vocab_size):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"evaluate_bpb calls model(x) with x of shape {tuple(x.shape)} and needs logits of shape "
+                         f"{(*x.shape, vocab_size)}, got {got}; return logits (sliced to the vocab size) when no targets are given")
+    return logits.float()
+
+
+@torch.no_grad()
+def check_causality(model, x, vocab_size, base=None, tol=1e-3):
+    """Raise CausalityError if changing tokens after position t changes the logits at positions <= t.
+
+    x: int64[B, T] real tokens; base: model logits for x if already computed. One extra forward pass of
+    the same shape (no recompilation): the first half of the rows is changed after t = T/3, the second
+    half after t = 2T/3, every later token replaced by a different one. Passes if the logits at positions
+    <= t agree within tol * (1 + max|logit|) (float32), which bf16 kernels meet and a future leak does not.
+    """
+    base = _logits(model, x, vocab_size) if base is None else base
+    B, T = x.shape
+    cuts = [T // 3 if b < max(1, B // 2) else (2 * T) // 3 for b in range(B)]
+    future = torch.arange(T, device=x.device)[None, :] > torch.tensor(cuts, device=x.device)[:, None]
+    noise = torch.randint(1, vocab_size, x.shape, generator=torch.Generator().manual_seed(0)).to(x.device)
+    probe = _logits(model, torch.where(future, (x + noise) % vocab_size, x), vocab_size)
+    diff = ((probe - base).abs() * ~future[..., None]).amax().item()
+    if not diff <= tol * (1 + base.abs().max().item()):
+        raise CausalityError(f"the model is not causal: changing only later tokens changed the logits at earlier positions "
+                             f"by up to {diff:.4g}. A model that sees the future gets no score; check the attention mask "
+                             f"(is_causal / window) and anything else that mixes positions")
+
+
+@torch.no_grad()
+def evaluate_bpb(model, tokenizer, batch_size, prepared=None):
+    """Bits per byte on the held-out split: the fixed metric.
+
+    bpb = sum_t CE_t / (ln 2 * sum_t bytes(y_t)), where CE_t = -ln softmax(logits_t)[y_t] in nats, computed
+    here in float32 from the model's logits (the model never sees the targets), bytes(y) the UTF-8 byte
+    length of target token y, and special-token targets (0 bytes) excluded from both sums. Bits per byte
+    does not depend on the tokenizer's vocabulary (Gao et al. 2020, The Pile, section 4.1).
+
+    Scores exactly EVAL_TOKENS // MAX_SEQ_LEN rows of MAX_SEQ_LEN tokens, whatever batch_size is: the
+    last batch is run at full size (no recompilation) and its extra rows are not counted. The first batch
+    also goes through check_causality before anything is scored.
+
+    model: callable int64[B, T] -> logits[B, T, vocab_size] (any float dtype). Returns bpb as a float.
+    Raises CausalityError for a model that sees the future, ValueError for logits of the wrong shape.
+    """
+    prepared = prepared or load_prepared()
+    T, V = prepared.max_seq_len, prepared.vocab_size
+    device = next(iter(model.parameters())).device if hasattr(model, "parameters") else torch.device("cpu")
+    token_bytes = get_token_bytes(device, prepared)
+    loader = make_dataloader(tokenizer, batch_size, T, "val", device=device, prepared=prepared)
+    rows_left = prepared.eval_tokens // T
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
+    total_bytes = torch.zeros((), dtype=torch.int64, device=device)
+    first = True
+    while rows_left > 0:
+        x, y, _ = next(loader)
+        logits = _logits(model, x, V)
+        if first:
+            check_causality(model, x, V, base=logits)
+            first = False
+        n = min(rows_left, batch_size)
+        nats = F.cross_entropy(logits[:n].reshape(-1, V), y[:n].reshape(-1), reduction="none")
+        nbytes = token_bytes[y[:n].reshape(-1)]
+        total_nats += (nats * (nbytes > 0)).sum(dtype=torch.float64)
+        total_bytes += nbytes.sum(dtype=torch.int64)
+        rows_left -= n
+    return total_nats.item() / (math.log(2) * total_bytes.item())
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+
+def prepare(dataset, source, profile, num_shards, workers, force, root=None, base_url=CLIMBMIX_URL, backoff=2.0):
+    """Download or convert the data, train the tokenizer, check the val split, write prepared.json."""
+    root = Path(root) if root is not None else cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        dataset, source_id = "local", str(Path(source).expanduser().resolve())
+    else:
+        source_id = base_url if dataset == "climbmix" else TINYSTORIES_URL
+    meta_path = _meta_path(root)
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        same = (old.get("dataset"), old.get("source"), old.get("profile")) == (dataset, source_id, profile.name)
+        if not same and not force:
+            raise PrepareError(f"{root} already holds {old.get('dataset')} data ({old.get('source')}) prepared with profile "
+                               f"{old.get('profile')!r}. To replace it re-run with --force; to keep both, set "
+                               f"AUTORESEARCH_CACHE to another folder for this one")
+        if same and not force and dataset != "climbmix":
+            print(f"Already prepared: {dataset} data with profile {profile.name!r} in {root} (--force to redo)")
+            return load_prepared(root)
+        if not same or force:
+            meta_path.unlink()
+            shutil.rmtree(root / "tokenizer", ignore_errors=True)
+    print(f"Cache: {root}   profile: {profile.name} (MAX_SEQ_LEN={profile.max_seq_len}, "
+          f"EVAL_TOKENS={profile.eval_tokens}, VOCAB_SIZE={profile.vocab_size})")
+
+    counts = {}
+    if dataset == "climbmix":
+        data_dir, val_name = root / "data" / "climbmix", VAL_SHARD_NAME
+        download_climbmix(data_dir, num_shards, workers, base_url=base_url, backoff=backoff)
+    else:
+        if dataset == "tinystories":
+            downloads = root / "downloads"
+            downloads.mkdir(parents=True, exist_ok=True)
+            print("Data: downloading karpathy/tinystories-gpt4-clean")
+            files = [download_file(TINYSTORIES_URL, downloads / "tinystories_gpt4_clean.parquet", backoff=backoff)]
+        else:
+            files = source_files(source)
+        data_dir, val_name = root / "data" / dataset, LOCAL_VAL_NAME
+        print(f"Data: converting {len(files)} file(s) -> {data_dir}")
+        counts = convert_source(files, data_dir, profile.doc_chars)
+    prepared = Prepared(root, dataset, source_id, profile, data_dir, val_name)
+
+    if not (prepared.tokenizer_dir / "tokenizer.pkl").exists() or not (prepared.tokenizer_dir / "token_bytes.pt").exists():
+        train_tokenizer(prepared)
+    else:
+        print(f"Tokenizer: already trained at {prepared.tokenizer_dir}")
+
+    # The evaluator must score fresh text only: make sure the val split holds EVAL_TOKENS without wrapping.
+    tokenizer = Tokenizer.from_directory(prepared.tokenizer_dir)
+    loader = make_dataloader(tokenizer, 1, profile.max_seq_len, "val", prepared=prepared)
+    for _ in range(profile.eval_tokens // profile.max_seq_len):
+        _, _, epoch = next(loader)
+        if epoch > 1:
+            raise PrepareError(f"the validation split is smaller than EVAL_TOKENS={profile.eval_tokens} of profile "
+                               f"{profile.name!r}: add more text or choose a profile with fewer eval tokens")
+    meta = {"dataset": dataset, "source": source_id, "profile": profile.name, "data_dir": str(data_dir.relative_to(root)),
+            "val_name": val_name, "max_seq_len": profile.max_seq_len, "eval_tokens": profile.eval_tokens,
+            "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars, "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts}
+    _write_atomic(meta_path, json.dumps(meta, indent=2).encode())
+    print(f"Done: {dataset} data with profile {profile.name!r} ready in {root}. Next: uv run train.py")
+    return prepared
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Prepare data, tokenizer and evaluation constants for autoresearch (FROZEN).")
+    parser.add_argument("--dataset", choices=["climbmix", "tinystories"], default="climbmix",
+                        help="dataset to download from Hugging Face (default: climbmix, as karpathy/autoresearch)")
+    parser.add_argument("--source", metavar="PATH", help="use local .txt/.jsonl(text)/.parquet(text) files instead of downloading (offline)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default",
+                        help="evaluation constants: default (H100), small (Mac / small GPU), cpu (default: default)")
+    parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards to download, -1 = all (default: 10)")
+    parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
+    parser.add_argument("--force", action="store_true", help="replace a cache prepared with another dataset or profile")
+    parser.add_argument("--check", action="store_true", help="only check that prepared data exists; exit 0 if so")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            prepared = load_prepared()
+            print(f"ready: {prepared.dataset} data, profile {prepared.profile.name}, in {prepared.root}")
+            return 0
+        num_shards = MAX_SHARD if args.num_shards == -1 else args.num_shards
+        if num_shards < 1:
+            raise PrepareError(f"--num-shards {args.num_shards}: need at least 1 training shard (or -1 for all)")
+        prepare(args.dataset, args.source, PROFILES[args.profile], num_shards, args.download_workers, args.force)
+        return 0
+    except PrepareError as e:
+        print(f"prepare.py: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            print(f"prepare.py: error: disk full while writing {e.filename or cache_dir()}: free space or set "
+                  f"AUTORESEARCH_CACHE to a folder on a bigger disk", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

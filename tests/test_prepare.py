@@ -1,0 +1,364 @@
+"""Tests of prepare.py (the frozen side): local sources, downloads, tokenizer, dataloader, evaluator."""
+
+import http.server
+import io
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import prepare as P
+
+REPO = Path(__file__).resolve().parents[1]
+CORPORA = REPO.parent / "shared" / "data" / "corpora"
+# A small profile so the tests train a tokenizer and evaluate in well under a second.
+TINY = P.Profile("tiny", max_seq_len=64, eval_tokens=64 * 20, vocab_size=320, doc_chars=160)
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory):
+    """tinyshakespeare prepared with the tiny profile in a throwaway cache."""
+    root = tmp_path_factory.mktemp("cache")
+    return P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), TINY, 1, 1, False, root=root)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_cache):
+    return P.Tokenizer.from_directory(tiny_cache.tokenizer_dir)
+
+
+def run_prepare(*args, cache):
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "prepare.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+# ---------------------------------------------------------------------------
+# tokenizer
+
+
+def test_tokenizer_round_trip_and_bos(tokenizer):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. Ünïcödé 你好 🙂\t\ttabs"
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.get_vocab_size() == 320
+    assert tokenizer.encode([text, "a"], prepend=tokenizer.get_bos_token_id())[1][0] == tokenizer.get_bos_token_id()
+    # special-token text is ordinary text, never the BOS id
+    assert tokenizer.get_bos_token_id() not in tokenizer.encode(P.BOS_TOKEN)
+
+
+def test_token_bytes_come_from_raw_bytes(tiny_cache, tokenizer):
+    enc = tokenizer.enc
+    table = P.get_token_bytes(prepared=tiny_cache)
+    assert table.dtype == torch.int32 and table.shape == (320,)
+    for name in P.SPECIAL_TOKENS:
+        assert table[enc.encode_single_token(name)] == 0
+    for i in range(enc.n_vocab - len(P.SPECIAL_TOKENS)):
+        assert table[i] == len(enc.decode_single_token_bytes(i))
+    # byte 0xE4 alone is not valid UTF-8: decode-then-encode would count 3 bytes (U+FFFD), the truth is 1
+    lone = enc.encode_single_token(b"\xe4")
+    assert len(enc.decode([lone]).encode()) == 3
+    assert table[lone] == 1
+    # every byte of a real text is counted exactly once
+    text = "Ünïcödé 你好 and plain words."
+    assert sum(table[i].item() for i in enc.encode_ordinary(text)) == len(text.encode())
+
+# ---------------------------------------------------------------------------
+# local sources
+
+
+def test_split_text_groups_paragraphs_deterministically():
+    text = "a" * 50 + "\n\n" + "b" * 50 + "\n\n\n" + "c" * 30 + "\n\n" + ("word " * 60).strip()
+    docs = P.split_text(text, 120)
+    assert docs[0] == "a" * 50 + "\n\n" + "b" * 50
+    assert docs[1] == "c" * 30  # the next piece would overflow 120 characters
+    assert all(len(d) <= 120 for d in docs)
+    assert "".join(docs).replace("\n", "").replace(" ", "") == ("a" * 50 + "b" * 50 + "c" * 30 + "word" * 60)
+    assert P.split_text(text, 120) == docs
+
+
+def test_convert_source_holds_out_val_blocks(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = [json.dumps({"text": f"document number {i}"}) for i in range(200)]
+    (src / "a.jsonl").write_text("\n".join(lines) + "\n")
+    counts = P.convert_source(P.source_files(src), tmp_path / "data", 100)
+    assert counts == {"train_docs": 184, "val_docs": 16, "replaced_chars": 0}  # blocks 9 and 19 of 8 documents
+    val = pq.read_table(tmp_path / "data" / "val.parquet").column("text").to_pylist()
+    assert val == [f"document number {i}" for i in list(range(72, 80)) + list(range(152, 160))]
+    train = pq.read_table(tmp_path / "data" / "shard_00000.parquet").column("text").to_pylist()
+    assert len(train) == 184 and not set(val) & set(train)
+
+
+def test_undecodable_bytes_replaced_and_counted_or_rejected(tmp_path):
+    ok = tmp_path / "ok.txt"
+    ok.write_bytes(("hello world. " * 100).encode() + b"\xff\xfe" + b" more text")
+    docs, replaced = P.read_source_file(ok, 4000)
+    assert replaced == 2 and "\ufffd\ufffd" in docs[0]
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("café naïve déjà vu ".encode("latin-1") * 50)
+    with pytest.raises(P.PrepareError, match="not UTF-8.*iconv"):
+        P.read_source_file(bad, 4000)
+
+
+def test_jsonl_without_text_field_names_the_line(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(P.PrepareError, match=r"x.jsonl:2: expected a JSON object with a string field \"text\""):
+        P.read_source_file(f, 100)
+
+
+def test_parquet_source_and_missing_column(tmp_path):
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"text": ["one", "", "two"]}), good)
+    assert P.read_source_file(good, 100) == (["one", "two"], 0)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"body": ["one"]}), bad)
+    with pytest.raises(P.PrepareError, match="text"):
+        P.read_source_file(bad, 100)
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: d / "nope", "does not exist"),
+    (lambda d: d, "holds no .txt, .jsonl or .parquet files"),
+    (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d, "source is empty"),
+])
+def test_bad_sources_exit_with_a_message(tmp_path, setup, message):
+    src = tmp_path / "src"
+    src.mkdir()
+    result = run_prepare("--source", str(setup(src)), "--profile", "cpu", cache=tmp_path / "cache")
+    assert result.returncode == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_and_profile_mismatch(tiny_cache, tmp_path):
+    missing = run_prepare("--check", cache=tmp_path / "empty")
+    assert missing.returncode == 1 and "run prepare.py first" in missing.stderr
+    ok = run_prepare("--check", cache=tiny_cache.root)
+    assert ok.returncode == 0 and "profile tiny" in ok.stdout
+    # a different profile on the same cache is refused, never mixed in silently
+    clash = run_prepare("--source", str(CORPORA / "tinyshakespeare.txt"), "--profile", "cpu", cache=tiny_cache.root)
+    assert clash.returncode == 1 and "--force" in clash.stderr and "AUTORESEARCH_CACHE" in clash.stderr
+    assert P.load_prepared(tiny_cache.root).profile == TINY
+
+
+def test_val_split_smaller_than_eval_tokens_is_refused(tmp_path):
+    big = P.Profile("big-eval", max_seq_len=64, eval_tokens=64 * 10_000, vocab_size=320, doc_chars=160)
+    with pytest.raises(P.PrepareError, match="validation split is smaller than EVAL_TOKENS"):
+        P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), big, 1, 1, False, root=tmp_path)
+    assert not (tmp_path / "prepared.json").exists()
+
+
+def test_time_budget_override(monkeypatch):
+    monkeypatch.delenv(P.TIME_BUDGET_ENV, raising=False)
+    assert P.time_budget() == (300.0, False)
+    monkeypatch.setenv(P.TIME_BUDGET_ENV, "12.5")
+    assert P.time_budget() == (12.5, True)
+    monkeypatch.setenv(P.TIME_BUDGET_ENV, "soon")
+    with pytest.raises(P.PrepareError, match="positive number"):
+        P.time_budget()
+
+# ---------------------------------------------------------------------------
+# dataloader
+
+
+def test_dataloader_rows_start_with_bos_and_are_full(tiny_cache, tokenizer):
+    B, T = 4, 64
+    loader = P.make_dataloader(tokenizer, B, T, "train", prepared=tiny_cache)
+    bos = tokenizer.get_bos_token_id()
+    for _ in range(5):
+        x, y, epoch = next(loader)
+        assert x.shape == (B, T) and y.shape == (B, T) and x.dtype == torch.int64
+        assert (x[:, 0] == bos).all()
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        assert ((x >= 0) & (x < 320)).all() and ((y >= 0) & (y < 320)).all()  # no padding or ignore index
+        assert epoch == 1
+
+
+def test_dataloader_wraps_epochs_on_a_tiny_corpus(tmp_path, tiny_cache, tokenizer):
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"text": ["a tiny corpus of two documents", "the second one"]}), data / "shard_00000.parquet")
+    pq.write_table(pa.table({"text": ["val"]}), data / "val.parquet")
+    prepared = P.Prepared(tiny_cache.root, "local", "x", TINY, data, "val.parquet")
+    loader = P.make_dataloader(tokenizer, 2, 64, "train", prepared=prepared)
+    epochs = [next(loader)[2] for _ in range(3)]
+    assert epochs[0] >= 2 and epochs == sorted(epochs)  # 128 tokens a batch need several passes over ~20 tokens
+
+
+def test_dataloader_without_training_data_says_so(tmp_path, tiny_cache, tokenizer):
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"text": ["val"]}), data / "val.parquet")
+    prepared = P.Prepared(tiny_cache.root, "local", "x", TINY, data, "val.parquet")
+    with pytest.raises(P.PrepareError, match="no training shards"):
+        next(P.make_dataloader(tokenizer, 2, 64, "train", prepared=prepared))
+
+# ---------------------------------------------------------------------------
+# evaluator
+
+
+class Uniform(torch.nn.Module):
+    """Equal logits for every token: the model that knows nothing."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.V = V
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return torch.zeros(*x.shape, self.V)
+
+
+class Bigram(torch.nn.Module):
+    """Logits from the current token only: causal, and not uniform."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        return self.table[x]
+
+
+class PeeksAhead(Bigram):
+    """Uses the next token at every position: sees the future."""
+
+    def forward(self, x):
+        return self.table[torch.roll(x, -1, dims=1)]
+
+
+def test_uniform_logits_give_log2_vocab_times_tokens_per_byte(tiny_cache, tokenizer):
+    V, T = 320, 64
+    rows = TINY.eval_tokens // T
+    table = P.get_token_bytes(prepared=tiny_cache)
+    loader = P.make_dataloader(tokenizer, rows, T, "val", prepared=tiny_cache)
+    _, y, _ = next(loader)
+    nbytes = table[y.reshape(-1)]
+    scored_tokens = (nbytes > 0).sum().item()
+    expected = math.log2(V) * scored_tokens / nbytes.sum().item()
+    assert scored_tokens < rows * T  # BOS targets are excluded from the sum
+    assert P.evaluate_bpb(Uniform(V), tokenizer, 8, prepared=tiny_cache) == pytest.approx(expected, rel=1e-6)  # CE is float32
+
+
+def test_bpb_does_not_depend_on_eval_batch_size(tiny_cache, tokenizer):
+    model = Bigram(320)
+    scores = {b: P.evaluate_bpb(model, tokenizer, b, prepared=tiny_cache) for b in (3, 7, 20)}
+    assert scores[3] == pytest.approx(scores[7], rel=1e-6) and scores[3] == pytest.approx(scores[20], rel=1e-6)
+
+
+def test_causality_probe_rejects_a_model_that_sees_the_future(tiny_cache, tokenizer):
+    with pytest.raises(P.CausalityError, match="not causal"):
+        P.evaluate_bpb(PeeksAhead(320), tokenizer, 8, prepared=tiny_cache)
+    x = torch.randint(0, 320, (4, 64))
+    P.check_causality(Bigram(320), x, 320)  # a causal model passes
+
+
+def test_evaluator_requires_logits_of_the_vocab_shape(tiny_cache, tokenizer):
+    with pytest.raises(ValueError, match="needs logits of shape"):
+        P.evaluate_bpb(Uniform(384), tokenizer, 8, prepared=tiny_cache)
+
+# ---------------------------------------------------------------------------
+# downloads against a real HTTP server on 127.0.0.1
+
+
+def parquet_bytes(n):
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(n)]}), buf)
+    return buf.getvalue()
+
+
+@pytest.fixture()
+def server():
+    """Serves files from a dict path -> bytes (or a list of bytes served in turn); anything else is 404."""
+    files, hits = {}, {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits[self.path] = hits.get(self.path, 0) + 1
+            body = files.get(self.path)
+            if isinstance(body, list):
+                body = body[min(hits[self.path], len(body)) - 1]
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}", files, hits
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_download_good_file(server, tmp_path):
+    url, files, hits = server
+    files["/shard_00000.parquet"] = parquet_bytes(5)
+    path = P.download_file(f"{url}/shard_00000.parquet", tmp_path / "shard_00000.parquet", backoff=0)
+    assert pq.read_table(path).num_rows == 5
+    # a valid file already there counts as done: no second request
+    P.download_file(f"{url}/shard_00000.parquet", path, backoff=0)
+    assert hits["/shard_00000.parquet"] == 1
+
+
+def test_truncated_download_is_retried_then_accepted(server, tmp_path):
+    url, files, hits = server
+    good = parquet_bytes(5)
+    files["/s.parquet"] = [good[: len(good) // 2], good]
+    path = P.download_file(f"{url}/s.parquet", tmp_path / "s.parquet", backoff=0)
+    assert hits["/s.parquet"] == 2 and path.read_bytes() == good
+
+
+def test_always_truncated_download_fails_and_leaves_nothing(server, tmp_path):
+    url, files, hits = server
+    good = parquet_bytes(5)
+    files["/s.parquet"] = good[:-20]
+    with pytest.raises(P.PrepareError, match="after 3 attempts"):
+        P.download_file(f"{url}/s.parquet", tmp_path / "s.parquet", attempts=3, backoff=0)
+    assert hits["/s.parquet"] == 3 and list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_existing_file_is_fetched_again(server, tmp_path):
+    url, files, hits = server
+    files["/s.parquet"] = parquet_bytes(3)
+    (tmp_path / "s.parquet").write_bytes(b"PAR1 garbage from an interrupted run")
+    P.download_file(f"{url}/s.parquet", tmp_path / "s.parquet", backoff=0)
+    assert hits["/s.parquet"] == 1 and P.parquet_ok(tmp_path / "s.parquet")
+
+
+def test_missing_file_is_a_404_error_without_retries(server, tmp_path):
+    url, files, hits = server
+    with pytest.raises(P.PrepareError, match="404"):
+        P.download_file(f"{url}/nope.parquet", tmp_path / "nope.parquet", backoff=0)
+    assert hits["/nope.parquet"] == 1
+
+
+def test_offline_error_names_source(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(P.OfflineError, match="--source"):
+        P.download_file(f"http://127.0.0.1:{port}/s.parquet", tmp_path / "s.parquet", attempts=2, backoff=0)
+
+
+def test_climbmix_download_pins_the_val_shard(server, tmp_path):
+    url, files, _ = server
+    for name in ("shard_00000.parquet", "shard_00001.parquet", P.VAL_SHARD_NAME):
+        files[f"/{name}"] = parquet_bytes(40)
+    P.download_climbmix(tmp_path, 2, 2, base_url=url, backoff=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06542.parquet"]
+    prepared = P.Prepared(tmp_path, "climbmix", url, TINY, tmp_path, P.VAL_SHARD_NAME)
+    assert [p.name for p in P.train_files(prepared)] == ["shard_00000.parquet", "shard_00001.parquet"]
