@@ -1,0 +1,150 @@
+"""Tests of train.py (the mutable side): attention fallback, model causality, a real short run."""
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare as P
+
+REPO = Path(__file__).resolve().parents[1]
+CORPORA = REPO.parent / "shared" / "data" / "corpora"
+SUMMARY_KEYS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
+                "total_tokens_M", "num_steps", "num_params_M", "depth"]  # karpathy's keys, in his order
+
+
+def train_definitions():
+    """Execute train.py up to its hyperparameter section: the device setup, model and optimizer
+    definitions, without loading data or training. Returns the resulting namespace."""
+    source = (REPO / "train.py").read_text()
+    head = source.split("# Prepared data and hyperparameters")[0]
+    namespace = {"__name__": "train_definitions", "SOFTCAP": 15.0}
+    exec(compile(head, str(REPO / "train.py"), "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def T():
+    return train_definitions()
+
+
+def reference_attention(q, k, v, window):
+    """softmax(q k^T / sqrt(d) + mask) v written out: key j is visible to query i iff i - window <= j <= i."""
+    B, S, H, D = q.shape
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(D)
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    scores = scores.masked_fill(~((j <= i) & (j >= i - window)), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("window", [31, 100, 8, 1, 0])
+def test_sdpa_sliding_window_matches_reference(T, window):
+    g = torch.Generator().manual_seed(window)
+    q, k, v = (torch.randn(2, 32, 3, 16, generator=g) for _ in range(3))
+    got = T["sdpa_attention"](q, k, v, window)
+    assert got.shape == (2, 32, 3, 16)
+    torch.testing.assert_close(got, reference_attention(q, k, v, window), atol=1e-5, rtol=1e-5)
+
+
+def test_windows_follow_the_pattern_and_end_long(T):
+    cfg = T["GPTConfig"](sequence_len=64, vocab_size=100, n_layer=5, n_head=2, n_embd=32, window_pattern="SSL")
+    assert T["GPT"].compute_windows(cfg) == [32, 32, 64, 32, 64]
+    with pytest.raises(ValueError, match="WINDOW_PATTERN"):
+        T["GPT"].compute_windows(T["GPTConfig"](64, 100, 2, 2, 32, "SX"))
+
+
+def test_gpt_is_causal_and_returns_vocab_logits(T):
+    torch.manual_seed(0)
+    cfg = T["GPTConfig"](sequence_len=48, vocab_size=97, n_layer=3, n_head=2, n_embd=32, window_pattern="SL")
+    model = T["GPT"](cfg)
+    model.init_weights()
+    # init leaves the projections at zero; perturb so the attention path really mixes positions
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.randint(0, 97, (4, 48))
+    logits = model(x)
+    assert logits.shape == (4, 48, 97) and logits.dtype == torch.float32
+    assert logits.abs().max() < 15.0  # softcap
+    P.check_causality(model, x, 97)
+    loss = model(x, x)
+    assert loss.ndim == 0 and math.isfinite(loss.item())
+
+
+def test_muon_orthogonalizes(T):
+    G = torch.randn(2, 64, 32, generator=torch.Generator().manual_seed(0))
+    X = T["orthogonalize"](G).float()
+    s = torch.linalg.svdvals(X)
+    assert X.shape == G.shape
+    assert s.min() > 0.5 and s.max() < 1.5  # singular values pushed towards 1 (the quintic is not exact)
+
+
+@pytest.fixture(scope="module")
+def cpu_cache(tmp_path_factory):
+    """The real corpora prepared with the CPU profile through the CLI, as a user would."""
+    cache = tmp_path_factory.mktemp("cpu-cache")
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache)}
+    result = subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return cache
+
+
+def run_train(cache, budget, script=REPO / "train.py", cwd=REPO):
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache), P.TIME_BUDGET_ENV: str(budget)}
+    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def parse_summary(stdout):
+    block = stdout.split("\n---\n")[-1]
+    return dict(re.match(r"^(\w+):\s+(.*)$", line).groups() for line in block.strip().splitlines())
+
+
+def test_short_cpu_run_prints_a_parsable_summary(cpu_cache):
+    result = run_train(cpu_cache, budget=4)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = parse_summary(result.stdout)
+    assert list(summary)[:len(SUMMARY_KEYS)] == SUMMARY_KEYS
+    val_bpb = float(summary["val_bpb"])
+    assert 0.5 < val_bpb < math.log2(2048) * 4  # a real number, bounded by a uniform model's score
+    assert summary["profile"] == "cpu" and summary["device"] == "cpu"
+    assert summary["budget_override"] == "1" and summary["time_budget_s"] == "4"
+    assert float(summary["training_seconds"]) >= 4
+    assert float(summary["peak_vram_mb"]) == 0.0 and float(summary["peak_rss_mb"]) > 0
+    assert int(summary["num_steps"]) >= 2 and float(summary["mfu_percent"]) > 0
+
+
+def edited_train(tmp_path, old, new):
+    """A copy of train.py with one edit, next to prepare.py (as an agent's candidate would be)."""
+    source = (REPO / "train.py").read_text()
+    assert old in source
+    (tmp_path / "train.py").write_text(source.replace(old, new))
+    shutil.copy(REPO / "prepare.py", tmp_path / "prepare.py")
+    return tmp_path / "train.py"
+
+
+def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
+    script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 32\n", "    DEVICE_BATCH_SIZE = 24\n")
+    result = run_train(cpu_cache, 2, script, tmp_path)
+    assert result.returncode == 1
+    assert "TOTAL_BATCH_SIZE=8192" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
+
+
+def test_nan_loss_fails_fast(cpu_cache, tmp_path):
+    script = edited_train(tmp_path, "loss_value = loss.item()", "loss_value = loss.item() * float('nan')")
+    result = run_train(cpu_cache, 30, script, tmp_path)
+    assert result.returncode == 1
+    assert "FAIL: loss is nan at step 0" in result.stdout
+    assert "val_bpb:" not in result.stdout
+
+
+def test_missing_cache_says_run_prepare_first(tmp_path):
+    result = run_train(tmp_path / "nothing-here", 2)
+    assert result.returncode == 1 and "run prepare.py first" in result.stderr
