@@ -532,8 +532,10 @@ while True:
 # ---------------------------------------------------------------------------
 
 model.eval()
+t_eval = time.time()
 with autocast:
     val_bpb = evaluate_bpb(train_model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)
+eval_seconds = time.time() - t_eval
 
 trained_steps = step - EXCLUDED_STEPS
 total_tokens = step * TOTAL_BATCH_SIZE
@@ -561,6 +563,7 @@ print(f"profile:          {PROFILE}")
 print(f"device:           {DEVICE.type}")
 print(f"dtype:            {str(DTYPE).replace('torch.', '')}")
 print(f"attention:        {'fa3' if fa3 is not None else 'sdpa'}")
+print(f"eval_seconds:     {eval_seconds:.1f}")
 print(f"tokens_per_sec:   {trained_steps * TOTAL_BATCH_SIZE / training_time:.0f}")
 print(f"peak_tflops:      {PEAK_FLOPS / 1e12:.2f}")
 print(f"peak_rss_mb:      {peak_rss_mb:.1f}")
