@@ -664,7 +664,10 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
         source_id = base_url if dataset == "climbmix" else TINYSTORIES_URL
     meta_path = _meta_path(root)
     if meta_path.exists():
-        old = json.loads(meta_path.read_text())
+        try:
+            old = json.loads(meta_path.read_text())
+        except ValueError:
+            old = {"dataset": "?", "source": f"an unreadable {meta_path.name}", "profile": "?"}
         same = (old.get("dataset"), old.get("source"), old.get("profile")) == (dataset, source_id, profile.name)
         if not same and not force:
             raise PrepareError(f"{root} already holds {old.get('dataset')} data ({old.get('source')}) prepared with profile "

@@ -17,7 +17,6 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import gc
 import math
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -407,7 +406,7 @@ else:                     # default: one H100-class GPU
     WINDOW_PATTERN = "SSSL"
     TOTAL_BATCH_SIZE = 2**19
     DEVICE_BATCH_SIZE = 128
-    EVAL_BATCH_SIZE = 128
+    EVAL_BATCH_SIZE = 64      # float32 logits of 64 x 2048 x 8192 are 4 GiB; the causality probe holds two
 
 # ---------------------------------------------------------------------------
 # Setup: model, optimizers, data
@@ -546,8 +545,12 @@ elif DEVICE.type == "mps":
     peak_vram_mb = peak_mps_bytes / 1024 / 1024  # sampled once per step: a lower bound of the true peak
 else:
     peak_vram_mb = 0.0  # a CPU has no VRAM; peak_rss_mb below is the process's resident memory
-rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-peak_rss_mb = rss_kb / 1024 / (1024 if sys.platform == "darwin" else 1)  # macOS reports bytes, Linux KiB
+try:
+    import resource  # POSIX only
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_rss_mb = rss / 1024 / (1024 if sys.platform == "darwin" else 1)  # macOS reports bytes, Linux KiB
+except ImportError:
+    peak_rss_mb = 0.0
 
 print("---")
 print(f"val_bpb:          {val_bpb:.6f}")
