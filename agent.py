@@ -1012,13 +1012,14 @@ def open_session(args):
         if repo.active_branch.name != branch:
             repo.heads[branch].checkout()
         tip = repo.head.commit.hexsha
-        known = {e["full_commit"] for e in mine if e.get("event") in ("commit", "experiment")}
-        if tip != s.best_commit and not (tip in known and repo.is_ancestor(s.best_commit, tip)):
+        if tip != s.best_commit and not is_candidate(s, repo.head.commit):
             raise SetupError(f"{branch} points at {tip[:7]}, which the agent did not make on top of the best commit "
                              f"{s.best_commit[:7]}; move your commits elsewhere (e.g. `git branch -f {branch} "
                              f"{s.best_commit[:7]}` after saving them on another branch) and rerun")
         log_event(s, "start", new_branch=False, best=s.best_commit, experiments=len(history))
         if tip != s.best_commit or ours:
+            if tip != s.best_commit:
+                make_candidate_ref(s, s.next_n, tip)     # a kill may have come before its ref was made
             reset_to_best(s)
             if ours & set(s.frozen_rels):
                 repo.git.checkout(s.best_commit, "--", *sorted(ours & set(s.frozen_rels)))
@@ -1033,15 +1034,27 @@ def open_session(args):
     return s, constants
 
 
+def is_candidate(s, commit):
+    """True if commit is a candidate this tag made on top of the best commit: its parent is the best commit and
+    its train.py is one the agent wrote (checked by content, since a kill can precede the "commit" event)."""
+    if len(commit.parents) != 1 or commit.parents[0].hexsha != s.best_commit:
+        return False
+    try:
+        return (commit.tree / s.train_rel).hexsha in s.candidate_blobs
+    except KeyError:
+        return False
+
+
 def kill_stale_run(pgid, target):
     """Kill the training process group a killed agent left running, if its leader is still train.py in this
     target (checked in /proc, so that a reused pid is never hit)."""
     try:
         cwd = os.readlink(f"/proc/{pgid}/cwd")
         cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
+        ours = Path(cwd) == target and b"train.py" in cmdline and os.getpgid(pgid) == pgid
     except OSError:
         return
-    if Path(cwd) == target and b"train.py" in cmdline and os.getpgid(pgid) == pgid:
+    if ours:
         kill_group(pgid)
 
 

@@ -17,66 +17,11 @@ import git
 import pytest
 
 import agent
+from agent_target import edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
 
 AGENT = Path(agent.__file__).resolve()
 SECRET = "sk-test-DO-NOT-LOG-1234567890"
-
-PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
-import os
-import sys
-from pathlib import Path
-
-METRIC_NAME = "{metric}"
-METRIC_GOAL = "{goal}"
-TIME_BUDGET = 1
-PREFLIGHT = False
-
-if __name__ == "__main__":
-    ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
-    if "--check" in sys.argv:
-        if not ready.exists():
-            print("no prepared data: run `python prepare.py` first", file=sys.stderr)
-            sys.exit(1)
-    else:
-        ready.touch()
-'''
-
-TRAIN = '''"""MUTABLE: test stand-in for train.py; the metric is a known function of the constants."""
-import os
-import subprocess
-import sys
-import time
-
-LR = 0.04
-DEPTH = 8
-WARMUP = 0.1
-SLEEP = 0.0
-
-print("step 1 | loss 2.0 | key", os.environ.get("ANTHROPIC_API_KEY"))
-time.sleep(SLEEP)
-val_bpb = 1.0 + abs(LR - 0.05) * 10 + DEPTH / 1000
-print("---")
-print(f"{metric}:          {{{value}:.6f}}")
-print(f"peak_vram_mb:     {{DEPTH * 256:.1f}}")
-'''
-
-
-def make_target(root, metric="val_bpb", goal="min", subdir=""):
-    """A git repo at root with the tiny target in root/subdir, committed on main; returns the target dir."""
-    target = root / subdir if subdir else root
-    target.mkdir(parents=True, exist_ok=True)
-    repo = git.Repo.init(root, initial_branch="main")
-    with repo.config_writer() as c:
-        c.set_value("user", "name", "test").set_value("user", "email", "test@example.com")
-    (root / ".gitignore").write_text("__pycache__/\n")
-    (target / "program.md").write_text("# program\nImprove val_bpb. Try the learning rate first.\n")
-    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal))
-    value = "val_bpb" if goal == "min" else "3.0 - val_bpb"
-    (target / "train.py").write_text(TRAIN.format(metric=metric, value=value))
-    repo.git.add(A=True)
-    repo.git.commit("-qm", "init")
-    return target
 
 
 @pytest.fixture
@@ -89,10 +34,6 @@ def target(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     return make_target(tmp_path / "repo")
-
-
-def edit(description, old, new):
-    return f"DESCRIPTION: {description}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n"
 
 
 RAISE_LR = edit("raise LR", "LR = 0.04", "LR = 0.05")           # -> 1.008000, keep
@@ -356,6 +297,37 @@ def test_lost_row_is_restored_once_on_resume(target):
     assert path.read_text() == complete
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
     assert path.read_text() == complete
+
+
+def test_kill_between_commit_and_its_event_is_cleaned_on_resume(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    # replay commit_candidate() up to the commit, as if SIGKILLed before the ref and the "commit" event
+    source = (target / "train.py").read_text().replace("LR = 0.04", "LR = 0.05")
+    line = {"ts": "2026-11-30T00:00:00+00:00", "event": "candidate", "tag": "t", "n": 1, "attempt": 0,
+            "blob": agent.git_blob_sha(source.encode())}
+    with open(target / "events.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+    (target / "train.py").write_text(source)
+    repo = git.Repo(target)
+    repo.git.commit("-qm", "raise LR", "--", "train.py")
+    orphan = repo.head.commit.hexsha
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    assert sha(target, f"refs/autoresearch/t/0001-{orphan[:7]}") == orphan
+    assert events(target, "cleaned")[0]["tip"] == orphan
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1] and len(rows(target)) == 2
+    best = [e["full_commit"] for e in events(target, "experiment") if e["status"] == "keep"][-1]
+    assert sha(target, "HEAD") == best and tree_is_clean(target)
+
+
+def test_foreign_commit_on_the_branch_is_refused(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    (target / "program.md").write_text("new directions\n")
+    repo = git.Repo(target)
+    repo.git.commit("-qam", "my edit")
+    mine = repo.head.commit.hexsha
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 2
+    assert "which the agent did not make" in capsys.readouterr().err
+    assert sha(target, "autoresearch/t") == mine and len(rows(target)) == 1
 
 
 def start_agent(target, llm, *extra):
