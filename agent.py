@@ -192,10 +192,10 @@ class Session:
     candidate_blobs: set                # git blob shas of every train.py this tag wrote
     llm: object = None                  # (system, messages) -> Reply, or None for random/grid
     system_prompt: str = ""
-    cost_usd: float = 0.0             # the tag's LLM spend and tokens so far (resume sums the "propose" events)
+    cost_usd: float = 0.0               # the tag's LLM spend and tokens so far (resume sums "propose" events)
     input_tokens: int = 0
     output_tokens: int = 0
-    llm_seconds: float = 0.0          # time spent waiting on the proposer in this invocation
+    llm_seconds: float = 0.0            # time spent waiting on the proposer in this invocation
     started: float = dataclasses.field(default_factory=time.monotonic)
     recent_failures: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=BREAKER[1]))
     last: str = "-"
@@ -238,8 +238,8 @@ def run_baseline(s):
     make_candidate_ref(s, 0, commit)
     outcome = train_candidate(s, 0, 0, commit)
     if outcome.metric is None:
-        raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py on your "
-                   f"branch, commit, and rerun. Last lines of {RUN_LOG}:\n{outcome.log_tail}")
+        raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit it "
+                   f"(on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n{outcome.log_tail}")
     record(s, 0, outcome, "keep", "baseline", t0, spent0, repairs=0, fixes=0)
     s.best_metric = s.baseline_metric = outcome.metric
 
@@ -557,18 +557,19 @@ def fatal_llm_message(args, e):
 # ---------------------------------------------------------------------------
 
 
-def commit_candidate(s, n, source, description, attempt=0):
-    """Write train.py and commit it on the branch (attempt > 0: amend the crashed candidate with a fix).
+def commit_candidate(s, n, source, message, attempt=0):
+    """Write train.py and commit it on the branch with this message (attempt > 0: amend the crashed candidate
+    with a fix).
 
     Only train.py is committed (`git commit --only -- train.py`), so nothing else can enter the commit. Hooks run;
     a blocking hook raises Stop with its output (the agent never passes --no-verify). Returns the full sha."""
     blob = git_blob_sha(source.encode())
     s.candidate_blobs.add(blob)
-    log_event(s, "candidate", n=n, attempt=attempt, parent=s.best_commit, blob=blob, description=description)
+    log_event(s, "candidate", n=n, attempt=attempt, parent=s.best_commit, blob=blob, message=message)
     (s.target / "train.py").write_text(source)
     argv = ["-q", "--no-edit", "--amend"] if attempt else ["-q"]
     try:
-        s.repo.git.commit(*argv, "-m", description, "--only", "--", s.train_rel)
+        s.repo.git.commit(*argv, "-m", message, "--only", "--", s.train_rel)
     except git.GitCommandError as e:
         reset_to_best(s)
         raise Stop(f"git commit of the candidate failed (a pre-commit or commit-msg hook, or git config); the agent "
@@ -598,7 +599,8 @@ def run_with_fixes(s, n, proposal, commit):
         fixed = ask_for_edit(s, n, [{"role": "user", "content": prompt}], crashed_src)
         if fixed is None:
             return outcome, fix - 1
-        commit = commit_candidate(s, n, fixed.source, proposal.description, attempt=fix)
+        message = f"{proposal.description}\n\nfix {fix}: {fixed.description}"
+        commit = commit_candidate(s, n, fixed.source, message, attempt=fix)
         outcome = train_candidate(s, n, fix, commit)
     return outcome, MAX_FIXES
 
@@ -614,7 +616,6 @@ def train_candidate(s, n, attempt, commit):
             s.repo.git.checkout("HEAD", "--", *tampered)
     text = read_log(s.target / RUN_LOG)
     tail = "\n".join(text.replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
-    summary = parse_summary(text)
     metric, memory_gb, reason = None, 0.0, ""
     if tampered:
         reason = f"rejected: train.py modified {', '.join(tampered)} (restored)"
@@ -622,19 +623,8 @@ def train_candidate(s, n, attempt, commit):
         reason = f"timeout after {s.timeout:.0f}s"
     elif rc != 0:
         reason = f"exit code {rc}"
-    elif s.metric not in summary:
-        reason = f"no {s.metric} in the summary"
     else:
-        try:
-            metric = float(summary[s.metric])
-        except ValueError:
-            reason = f"{s.metric} is not a number: {summary[s.metric]!r}"
-        if metric is not None and not math.isfinite(metric):
-            metric, reason = None, f"{s.metric} is {summary[s.metric]}"
-        try:
-            memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024 if metric is not None else 0.0
-        except ValueError:
-            memory_gb = 0.0
+        metric, memory_gb, reason = read_metric(parse_summary(text), s.metric)
     log_event(s, "run_end", n=n, attempt=attempt, commit=commit[:7], returncode=rc, timed_out=timed_out,
               train_seconds=round(seconds, 3), reason=reason, metric=metric, frozen_tampered=tampered,
               log_tail=tail if metric is None else "")
@@ -688,6 +678,23 @@ def kill_group(pgid, proc=None):
             except ProcessLookupError:
                 return
             time.sleep(0.02)
+
+
+def read_metric(summary, name):
+    """(metric, memory_gb, "") from a parsed summary, or (None, 0.0, reason) when the metric is missing, not a
+    number, NaN or infinite. memory_gb = peak_vram_mb / 1024, 0.0 when absent."""
+    try:
+        metric = float(summary[name])
+    except KeyError:
+        return None, 0.0, f"no {name} in the summary"
+    except ValueError:
+        return None, 0.0, f"{name} is not a number: {summary[name]!r}"
+    if not math.isfinite(metric):
+        return None, 0.0, f"{name} is {summary[name]}"
+    try:
+        return metric, float(summary.get("peak_vram_mb", 0.0)) / 1024, ""
+    except ValueError:
+        return metric, 0.0, ""
 
 
 def parse_summary(text):
@@ -945,7 +952,7 @@ def open_session(args):
 
     Resume rebuilds the best commit and the experiment count from this tag's events, kills a training run left
     by a killed agent, restores what an interrupted iteration left half-applied (only files the agent itself
-    wrote, see the order of operations above records()), and appends a results.tsv row lost to a kill.
+    wrote, see the order of operations above record()), and appends a results.tsv row lost to a kill.
     Raises SetupError with the fix for anything it will not touch."""
     target = Path(args.target).resolve()
     check_target(target)
@@ -1006,9 +1013,8 @@ def open_session(args):
         s.best_commit = repo.head.commit.hexsha
         log_event(s, "start", new_branch=True, best=s.best_commit)
     else:
-        starts = [e for e in mine if e.get("event") == "start" and e.get("new_branch")]
-        s.best_commit = (kept[-1]["full_commit"] if kept else starts[0]["best"] if starts
-                         else repo.heads[branch].commit.hexsha)
+        # before the baseline is measured, whatever the branch holds is the baseline
+        s.best_commit = kept[-1]["full_commit"] if kept else repo.heads[branch].commit.hexsha
         if repo.active_branch.name != branch:
             repo.heads[branch].checkout()
         tip = repo.head.commit.hexsha

@@ -140,6 +140,7 @@ def test_crash_then_fix_then_keep(target):
     crashed, fixed = [e["full_commit"] for e in events(target, "commit")]
     assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t2.0\tkeep\traise LR"
     assert sha(target, "autoresearch/t") == fixed and events(target, "experiment")[1]["fixes"] == 1
+    assert git.Repo(target).head.commit.message == "raise LR\n\nfix 1: drop the bad import\n"
     assert sha(target, f"refs/autoresearch/t/0001-{crashed[:7]}") == crashed      # the crashed try stays reachable
     assert "no_such_module_xyz" in events(target, "run_end")[1]["log_tail"]
 
@@ -437,3 +438,12 @@ def test_frozen_constants_and_timeout(tmp_path, monkeypatch):
 def test_price_table():
     assert agent.price("claude-haiku-4-5-20251001", 1_000_000, 0, 0, 0) == 1.0
     assert agent.price("some-local-model", 10**6, 10**6, 0, 0) == 0.0
+
+
+def test_summary_takes_the_last_block_and_rejects_nan():
+    log = "---\nval_bpb: 9.0\nstep 5\r step 6\n---\nval_bpb:   1.234567\npeak_vram_mb: 45060.2\nnote: a b\n"
+    summary = agent.parse_summary(log)
+    assert summary == {"val_bpb": "1.234567", "peak_vram_mb": "45060.2", "note": "a b"}
+    assert agent.read_metric(summary, "val_bpb") == (1.234567, 45060.2 / 1024, "")
+    assert agent.read_metric({"val_bpb": "nan"}, "val_bpb") == (None, 0.0, "val_bpb is nan")
+    assert agent.read_metric({"pass@1": "0.5"}, "val_bpb") == (None, 0.0, "no val_bpb in the summary")
