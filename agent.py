@@ -929,8 +929,13 @@ def ensure_results_header(path, metric):
     if text.splitlines()[0] != header:
         raise SetupError(f"{path} starts with {text.splitlines()[0]!r}, not {header!r}: it belongs to another "
                          "metric; move it away or use the right --target")
-    if not text.endswith("\n"):
-        append_line(path, "")           # a row cut by a kill mid-write must not swallow the next row
+    end_with_newline(path)
+
+
+def end_with_newline(path):
+    """A line cut by a power loss mid-write must not swallow the next one appended after it."""
+    if path.exists() and path.stat().st_size and not read_text(path).endswith("\n"):
+        append_line(path, "")
 
 
 def lock_repo(repo):
@@ -962,6 +967,7 @@ def open_session(args):
     root = Path(repo.working_tree_dir).resolve()
     branch = f"autoresearch/{args.tag}"
     events_path = target / EVENTS
+    end_with_newline(events_path)
     all_events = read_events(events_path)
     mine = [e for e in all_events if e.get("tag") == args.tag]
     history = [e for e in mine if e.get("event") == "experiment"]
