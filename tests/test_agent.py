@@ -210,6 +210,33 @@ def test_auth_error_and_unknown_model_stop_cleanly(target, capsys, monkeypatch, 
     assert events(target)[-1]["event"] == "stop" and SECRET not in (target / "events.jsonl").read_text()
 
 
+def test_cost_limit_stops_cleanly(target):
+    answers = [RAISE_LR] + [edit(f"LR {v}", "LR = 0.05", f"LR = {v}") for v in (0.06, 0.07, 0.08)]
+    with ScriptedLLM(answers) as llm:                        # $0.003 per call: stops once $0.005 is spent
+        assert run_agent(target, llm, "anthropic", "--max-cost-usd", "0.005") == 0
+    assert len(llm.requests) == 2 and len(rows(target)) == 3
+    assert events(target, "stop")[-1]["reason"] == "--max-cost-usd 0.005 reached (spent $0.01)"
+
+
+def test_circuit_breaker_stops_a_run_of_failures(target, capsys):
+    with ScriptedLLM(["no idea"] * 18) as llm:
+        assert run_agent(target, llm, "anthropic") == 1
+    assert "circuit breaker: 6 of the last 8 iterations failed" in capsys.readouterr().err
+    assert len(events(target, "skipped")) == 6 and rows(target) == [baseline_row(target)]
+
+
+def test_blocking_pre_commit_hook_is_reported_not_bypassed(target, capsys):
+    hook = Path(git.Repo(target).git_dir) / "hooks" / "pre-commit"
+    hook.parent.mkdir(exist_ok=True)
+    hook.write_text("#!/bin/sh\necho 'blocked by the lint hook' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 1
+    err = capsys.readouterr().err
+    assert "blocked by the lint hook" in err and "does not bypass hooks" in err
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert rows(target) == [baseline_row(target)]
+
+
 # ---------------------------------------------------------------------------
 # Setup refusals
 # ---------------------------------------------------------------------------
