@@ -202,6 +202,7 @@ class Session:
 
     @property
     def next_n(self):
+        """The number of the next experiment."""
         return len(self.history)       # the baseline is experiment 0
 
 
@@ -1076,6 +1077,7 @@ def kill_stale_run(pgid, target):
 
 
 def read_text(path):
+    """A file's text as UTF-8."""
     return Path(path).read_text(encoding="utf-8")
 
 
@@ -1103,6 +1105,7 @@ def git_blob_sha(data):
 
 
 def goal_word(s):
+    """"lower" or "higher": how the prompts say the metric's direction."""
     return "lower" if s.goal == "min" else "higher"
 
 
@@ -1122,6 +1125,7 @@ def format_history(s):
 
 
 def fmt_duration(seconds):
+    """Seconds as m:ss, or h:mm:ss from an hour on."""
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
         f"{seconds // 60}:{seconds % 60:02d}"
@@ -1157,6 +1161,7 @@ def say(s, message):
 
 
 def parse_args(argv):
+    """The command line (see --help); picks the default proposer and model. Exits 2 on bad flags."""
     p = argparse.ArgumentParser(
         prog="agent.py",
         description="The overnight research loop: propose an edit to train.py, commit it on autoresearch/<tag>, "
@@ -1261,6 +1266,7 @@ def clean_stop(s, event, reason):
 
 
 def raise_interrupt(signum, frame):
+    """SIGTERM handler: clean up exactly as for Ctrl-C."""
     raise KeyboardInterrupt
 
 

@@ -30,6 +30,7 @@ from llm_server import ScriptedLLM  # noqa: E402
 
 
 def main():
+    """Run the loop on a throwaway repo and print the overhead's median and p90."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experiments", type=int, default=12, help="experiments after the baseline (default 12)")
     p.add_argument("--latency", type=float, default=0.05, help="simulated LLM latency in seconds (default 0.05)")

@@ -32,10 +32,12 @@ class ScriptedLLM:
 
     @property
     def anthropic_url(self):
+        """base_url for anthropic.Anthropic."""
         return f"http://127.0.0.1:{self.server.server_port}"
 
     @property
     def openai_url(self):
+        """base_url for openai.OpenAI."""
         return f"http://127.0.0.1:{self.server.server_port}/v1"
 
     def __enter__(self):

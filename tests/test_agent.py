@@ -26,6 +26,7 @@ SECRET = "sk-test-DO-NOT-LOG-1234567890"
 
 @pytest.fixture
 def target(tmp_path, monkeypatch):
+    """The tiny target with prepared data, an Anthropic key in the environment and no other overrides."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "ready").touch()
@@ -41,6 +42,7 @@ LOWER_LR = edit("lower LR", "LR = 0.05", "LR = 0.03")           # after RAISE_LR
 
 
 def run_agent(target, llm=None, provider="anthropic", *extra):
+    """agent.main in-process on tag t, with the loopback LLM for this provider when llm is given."""
     argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01", *extra]
     if llm is not None:
         argv += ["--proposer", provider, "--base-url", llm.anthropic_url if provider == "anthropic" else
@@ -49,24 +51,29 @@ def run_agent(target, llm=None, provider="anthropic", *extra):
 
 
 def rows(target):
+    """results.tsv without its header."""
     lines = (target / "results.tsv").read_text().splitlines()
     return lines[1:]
 
 
 def events(target, kind=None):
+    """events.jsonl, optionally only one kind of event."""
     all_events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
     return [e for e in all_events if kind is None or e["event"] == kind]
 
 
 def sha(target, rev):
+    """The full sha of a revision in the target's repository."""
     return git.Repo(target, search_parent_directories=True).commit(rev).hexsha
 
 
 def tree_is_clean(target):
+    """No tracked file differs from HEAD."""
     return git.Repo(target, search_parent_directories=True).git.status("--porcelain", "--untracked-files=no") == ""
 
 
 def baseline_row(target):
+    """The results.tsv row the tiny target's baseline must produce."""
     return f"{sha(target, 'main')[:7]}\t1.108000\t2.0\tkeep\tbaseline"
 
 
@@ -366,6 +373,7 @@ def start_agent(target, llm, *extra):
 
 
 def wait_for_run(target, n, proc, timeout=30):
+    """Wait until experiment n's training has started; returns its process group id."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (target / "events.jsonl").exists():
