@@ -642,8 +642,8 @@ def run_training(s, n, attempt, commit):
     with open(s.target / RUN_LOG, "wb") as log:
         proc = subprocess.Popen([sys.executable, "train.py"], cwd=s.target, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        log_event(s, "run", n=n, attempt=attempt, commit=commit[:7], pgid=proc.pid, timeout_s=s.timeout)
         try:
+            log_event(s, "run", n=n, attempt=attempt, commit=commit[:7], pgid=proc.pid, timeout_s=s.timeout)
             while True:
                 elapsed = time.monotonic() - t0
                 if elapsed >= s.timeout:
