@@ -1,0 +1,70 @@
+"""
+Test helper for agent.py (used by tests/test_agent.py and bench/bench_agent.py): a throwaway git repo holding a
+tiny target. prepare.py declares the contract constants and answers --check (data "prepared" when
+$AUTORESEARCH_CACHE/ready exists); train.py's metric is a known function of its UPPER_CASE constants:
+val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 (baseline 1.108000), peak_vram_mb = DEPTH*256 (baseline 2.0 GB).
+For a maximising target the printed metric is 3 - val_bpb.
+"""
+
+import git
+
+PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
+import os
+import sys
+from pathlib import Path
+
+METRIC_NAME = "{metric}"
+METRIC_GOAL = "{goal}"
+TIME_BUDGET = 1
+PREFLIGHT = False
+
+if __name__ == "__main__":
+    ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
+    if "--check" in sys.argv:
+        if not ready.exists():
+            print("no prepared data: run `python prepare.py` first", file=sys.stderr)
+            sys.exit(1)
+    else:
+        ready.touch()
+'''
+
+TRAIN = '''"""MUTABLE: test stand-in for train.py; the metric is a known function of the constants."""
+import os
+import subprocess
+import sys
+import time
+
+LR = 0.04
+DEPTH = 8
+WARMUP = 0.1
+SLEEP = 0.0
+
+print("step 1 | loss 2.0 | key", os.environ.get("ANTHROPIC_API_KEY"))
+time.sleep(SLEEP)
+val_bpb = 1.0 + abs(LR - 0.05) * 10 + DEPTH / 1000
+print("---")
+print(f"{metric}:          {{{value}:.6f}}")
+print(f"peak_vram_mb:     {{DEPTH * 256:.1f}}")
+'''
+
+
+def make_target(root, metric="val_bpb", goal="min", subdir=""):
+    """A git repo at root with the tiny target in root/subdir, committed on main; returns the target dir."""
+    target = root / subdir if subdir else root
+    target.mkdir(parents=True, exist_ok=True)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as c:
+        c.set_value("user", "name", "test").set_value("user", "email", "test@example.com")
+    (root / ".gitignore").write_text("__pycache__/\n")
+    (target / "program.md").write_text("# program\nImprove val_bpb. Try the learning rate first.\n")
+    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal))
+    value = "val_bpb" if goal == "min" else "3.0 - val_bpb"
+    (target / "train.py").write_text(TRAIN.format(metric=metric, value=value))
+    repo.git.add(A=True)
+    repo.git.commit("-qm", "init")
+    return target
+
+
+def edit(description, old, new):
+    """An answer in the agent's format with one SEARCH/REPLACE block."""
+    return f"DESCRIPTION: {description}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n"

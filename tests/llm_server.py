@@ -1,0 +1,105 @@
+"""
+Test helper for agent.py: a loopback HTTP server on 127.0.0.1 that speaks the Anthropic Messages API
+(POST /v1/messages) and the OpenAI Chat Completions API (POST /v1/chat/completions) well enough for the real
+SDKs, pointed at it through base_url, to parse its answers.
+
+    with ScriptedLLM(["DESCRIPTION: ...", 429, "DESCRIPTION: ..."]) as llm:
+        agent.main([..., "--base-url", llm.anthropic_url])     # or llm.openai_url
+        llm.requests                                         # every request body, in order
+
+Each request takes the next script item: a string is answered as the assistant's text; an int is answered as
+that HTTP error status in the provider's error format. When the script runs out, the server answers 400.
+"""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+INPUT_TOKENS, OUTPUT_TOKENS = 1000, 100      # usage reported for every answer
+
+
+class ScriptedLLM:
+    """Scripted answers over real HTTP. `delay` seconds are slept before each answer (simulated latency)."""
+
+    def __init__(self, script, delay=0.0):
+        self.script = list(script)
+        self.delay = delay
+        self.requests = []                   # (path, parsed JSON body, headers)
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def anthropic_url(self):
+        """base_url for anthropic.Anthropic."""
+        return f"http://127.0.0.1:{self.server.server_port}"
+
+    @property
+    def openai_url(self):
+        """base_url for openai.OpenAI."""
+        return f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+    def _next(self, path, body, headers):
+        with self.lock:
+            self.requests.append((path, body, headers))
+            return self.script.pop(0) if self.script else None
+
+    def _handler(self):
+        llm = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):    # keep pytest output clean
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                anthropic = self.path.startswith("/v1/messages")
+                item = llm._next(self.path, body, dict(self.headers))
+                time.sleep(llm.delay)
+                if item is None:
+                    self._send(400, error_body(anthropic, 400, "script exhausted"))
+                elif isinstance(item, int):
+                    self._send(item, error_body(anthropic, item, f"scripted status {item}"))
+                elif anthropic:
+                    self._send(200, {
+                        "id": "msg_test", "type": "message", "role": "assistant", "model": body["model"],
+                        "content": [{"type": "text", "text": item}], "stop_reason": "end_turn",
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}})
+                else:
+                    self._send(200, {
+                        "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": item}}],
+                        "usage": {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS,
+                                  "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}})
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def error_body(anthropic, status, message):
+    """An error payload shaped like each provider's."""
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+            429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
+    if anthropic:
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": kind}}

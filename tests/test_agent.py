@@ -1,0 +1,484 @@
+"""
+Tests for agent.py, offline. Each test builds a throwaway git repo holding a tiny target: a prepare.py with the
+contract constants and --check, and a train.py whose metric is a known function of its UPPER_CASE constants
+(baseline val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 = 1.108000, memory 8*256 MB = 2.0 GB), so that a scripted
+edit gives a known row. LLM answers come from tests/llm_server.py through the real anthropic/openai SDKs.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import git
+import pytest
+
+import agent
+from agent_target import edit, make_target
+from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
+
+AGENT = Path(agent.__file__).resolve()
+SECRET = "sk-test-DO-NOT-LOG-1234567890"
+
+
+@pytest.fixture
+def target(tmp_path, monkeypatch):
+    """The tiny target with prepared data, an Anthropic key in the environment and no other overrides."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ready").touch()
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    return make_target(tmp_path / "repo")
+
+
+RAISE_LR = edit("raise LR", "LR = 0.04", "LR = 0.05")           # -> 1.008000, keep
+LOWER_LR = edit("lower LR", "LR = 0.05", "LR = 0.03")           # after RAISE_LR -> 1.208000, discard
+
+
+def run_agent(target, llm=None, provider="anthropic", *extra):
+    """agent.main in-process on tag t, with the loopback LLM for this provider when llm is given."""
+    argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01", *extra]
+    if llm is not None:
+        argv += ["--proposer", provider, "--base-url", llm.anthropic_url if provider == "anthropic" else
+                 llm.openai_url]
+    return agent.main(argv)
+
+
+def rows(target):
+    """results.tsv without its header."""
+    lines = (target / "results.tsv").read_text().splitlines()
+    return lines[1:]
+
+
+def events(target, kind=None):
+    """events.jsonl, optionally only one kind of event."""
+    all_events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
+    return [e for e in all_events if kind is None or e["event"] == kind]
+
+
+def sha(target, rev):
+    """The full sha of a revision in the target's repository."""
+    return git.Repo(target, search_parent_directories=True).commit(rev).hexsha
+
+
+def tree_is_clean(target):
+    """No tracked file differs from HEAD."""
+    return git.Repo(target, search_parent_directories=True).git.status("--porcelain", "--untracked-files=no") == ""
+
+
+def baseline_row(target):
+    """The results.tsv row the tiny target's baseline must produce."""
+    return f"{sha(target, 'main')[:7]}\t1.108000\t2.0\tkeep\tbaseline"
+
+
+# ---------------------------------------------------------------------------
+# The loop with an LLM
+# ---------------------------------------------------------------------------
+
+
+def test_baseline_keep_discard_rows_and_branch(target):
+    with ScriptedLLM([RAISE_LR, LOWER_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    repo = git.Repo(target)
+    keep, discard = [e["full_commit"] for e in events(target, "experiment")[1:]]
+    assert rows(target) == [baseline_row(target),
+                            f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR",
+                            f"{discard[:7]}\t1.208000\t2.0\tdiscard\tlower LR"]
+    assert repo.active_branch.name == "autoresearch/t"
+    assert repo.head.commit.hexsha == keep and repo.head.commit.parents[0].hexsha == sha(target, "main")
+    assert repo.head.commit.message.strip() == "raise LR"
+    assert "LR = 0.05" in (target / "train.py").read_text() and tree_is_clean(target)
+    # the discarded candidate stays reachable under its ref, with its edit
+    assert repo.git.show(f"refs/autoresearch/t/0002-{discard[:7]}:train.py").count("LR = 0.03") == 1
+    # the stable prefix is marked for caching; program.md, history and train.py are in the user turn
+    first, second = llm.requests[0][1], llm.requests[1][1]
+    assert first["system"][0]["cache_control"] == {"type": "ephemeral"}
+    assert "def evaluate" not in first["system"][0]["text"] and 'METRIC_GOAL = "min"' in first["system"][0]["text"]
+    assert "Try the learning rate first." in first["messages"][0]["content"]
+    assert "raise LR" in second["messages"][0]["content"] and "LR = 0.05" in second["messages"][0]["content"]
+    # accounting per experiment: tokens and cost at the default model's price ($2 / $10 per million)
+    exp = events(target, "experiment")[1]
+    assert (exp["input_tokens"], exp["output_tokens"], exp["cost_usd"]) == (INPUT_TOKENS, OUTPUT_TOKENS, 0.003)
+    assert exp["proposer"] == "anthropic" and exp["repairs"] == 0 and exp["train_seconds"] > 0
+    # the key never reaches train.py, the records or git
+    for path in ("results.tsv", "events.jsonl", "run.log"):
+        assert SECRET not in (target / path).read_text()
+    assert "key None" in (target / "run.log").read_text()
+    assert SECRET not in repo.git.log("--all", "-p")
+
+
+def test_edit_that_does_not_apply_is_repaired(target):
+    bad = edit("raise LR", "LR = 0.99", "LR = 0.05")
+    with ScriptedLLM([bad, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "openai", "--max-experiments", "1") == 0
+    repair_turn = llm.requests[1][1]["messages"]
+    assert repair_turn[0]["role"] == "system" and repair_turn[2]["content"] == bad
+    assert "'LR = 0.99' does not occur in train.py" in repair_turn[3]["content"]
+    assert [e["repairs"] for e in events(target, "experiment")] == [0, 1]
+    assert rows(target)[1].endswith("\t1.008000\t2.0\tkeep\traise LR")
+
+
+def test_garbage_answers_are_skipped_without_a_run(target):
+    garbage = ["I would try a larger model.", "DESCRIPTION: bigger\nmake it bigger", "```python\nLR = 1\n```"]
+    with ScriptedLLM(garbage + [RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert [e["n"] for e in events(target, "skipped")] == [1]
+    assert [e["n"] for e in events(target, "run")] == [0, 1]          # no training run for the skipped answers
+    assert len(llm.requests) == 4 and len(rows(target)) == 2
+    errors = [e["error"] for e in events(target, "repair")]
+    assert errors == ['the answer has no "DESCRIPTION: ..." line',
+                      "the answer has no <<<<<<< SEARCH / ======= / >>>>>>> REPLACE block",
+                      'the answer has no "DESCRIPTION: ..." line']
+
+
+def test_crash_then_fix_then_keep(target):
+    crashing = edit("raise LR", "LR = 0.04", "LR = 0.05\nimport no_such_module_xyz")
+    fix = edit("drop the bad import", "import no_such_module_xyz\nDEPTH = 8", "DEPTH = 8")
+    with ScriptedLLM([crashing, fix]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    fix_prompt = llm.requests[1][1]["messages"][0]["content"]
+    assert "ModuleNotFoundError" in fix_prompt and "crashed (exit code 1)" in fix_prompt
+    crashed, fixed = [e["full_commit"] for e in events(target, "commit")]
+    assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t2.0\tkeep\traise LR"
+    assert sha(target, "autoresearch/t") == fixed and events(target, "experiment")[1]["fixes"] == 1
+    assert git.Repo(target).head.commit.message == "raise LR\n\nfix 1: drop the bad import\n"
+    assert sha(target, f"refs/autoresearch/t/0001-{crashed[:7]}") == crashed      # the crashed try stays reachable
+    assert "no_such_module_xyz" in events(target, "run_end")[1]["log_tail"]
+
+
+def test_timeout_kills_the_whole_process_group(target):
+    spawn = ("SLEEP = 60.0\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+             "open('child.pid', 'w').write(str(child.pid))")
+    with ScriptedLLM([edit("sleep long", "SLEEP = 0.0", spawn)]) as llm:
+        argv = ["--tag", "t", "--target", str(target), "--timeout", "2", "--max-experiments", "1",
+                "--proposer", "anthropic", "--base-url", llm.anthropic_url]
+        assert agent.main(argv) == 0
+    pgid = events(target, "run")[1]["pgid"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((target / "child.pid").read_text()), 0)
+    commit = events(target, "experiment")[1]["commit"]
+    assert rows(target)[1] == f"{commit}\t0.000000\t0.0\tcrash\tsleep long (timeout after 2s)"
+    assert len(llm.requests) == 1                                     # a timeout is not sent back for a fix
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+
+
+def test_edit_touching_prepare_is_rejected(target):
+    sneaky = "FILE: prepare.py\n" + edit("make the metric easy", 'METRIC_GOAL = "min"', 'METRIC_GOAL = "max"')
+    with ScriptedLLM([sneaky, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert "only train.py may change" in llm.requests[1][1]["messages"][2]["content"]
+    assert 'METRIC_GOAL = "min"' in (target / "prepare.py").read_text()
+    assert [r.split("\t")[3] for r in rows(target)] == ["keep", "keep"]
+
+
+def test_train_writing_to_prepare_at_run_time_is_rejected_and_restored(target):
+    original = (target / "prepare.py").read_text()
+    hack = "LR = 0.05\nopen('prepare.py', 'a').write('METRIC_GOAL = \"max\"\\n')"
+    with ScriptedLLM([edit("raise LR", "LR = 0.04", hack)]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    commit = events(target, "experiment")[1]["commit"]
+    assert rows(target)[1] == (f"{commit}\t0.000000\t0.0\tcrash\t"
+                               "raise LR (rejected: train.py modified prepare.py (restored))")
+    assert (target / "prepare.py").read_text() == original
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target) and len(llm.requests) == 1
+
+
+# ---------------------------------------------------------------------------
+# LLM errors
+# ---------------------------------------------------------------------------
+
+
+def test_transient_errors_are_retried(target):
+    with ScriptedLLM([429, 529, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert [e["error"].split(":")[0] for e in events(target, "error")] == ["HTTP 429", "HTTP 529"]
+    assert len(llm.requests) == 3 and rows(target)[1].endswith("keep\traise LR")
+
+
+@pytest.mark.parametrize("provider,status,hint", [("anthropic", 401, "check ANTHROPIC_API_KEY"),
+                                                  ("openai", 404, "pass a valid --model")])
+def test_auth_error_and_unknown_model_stop_cleanly(target, capsys, monkeypatch, provider, status, hint):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    with ScriptedLLM([status, RAISE_LR]) as llm:
+        assert run_agent(target, llm, provider) == 1
+    err = capsys.readouterr().err
+    assert f"HTTP {status}" in err and hint in err and SECRET not in err
+    assert len(llm.requests) == 1                                     # not retried
+    assert rows(target) == [baseline_row(target)]
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert events(target)[-1]["event"] == "stop" and SECRET not in (target / "events.jsonl").read_text()
+
+
+def test_cost_limit_stops_cleanly(target):
+    answers = [RAISE_LR] + [edit(f"LR {v}", "LR = 0.05", f"LR = {v}") for v in (0.06, 0.07, 0.08)]
+    with ScriptedLLM(answers) as llm:                        # $0.003 per call: stops once $0.005 is spent
+        assert run_agent(target, llm, "anthropic", "--max-cost-usd", "0.005") == 0
+    assert len(llm.requests) == 2 and len(rows(target)) == 3
+    assert events(target, "stop")[-1]["reason"] == "--max-cost-usd 0.005 reached (spent $0.01)"
+
+
+def test_circuit_breaker_stops_a_run_of_failures(target, capsys):
+    with ScriptedLLM(["no idea"] * 18) as llm:
+        assert run_agent(target, llm, "anthropic") == 1
+    assert "circuit breaker: 6 of the last 8 iterations failed" in capsys.readouterr().err
+    assert len(events(target, "skipped")) == 6 and rows(target) == [baseline_row(target)]
+
+
+def test_blocking_pre_commit_hook_is_reported_not_bypassed(target, capsys):
+    hook = Path(git.Repo(target).git_dir) / "hooks" / "pre-commit"
+    hook.parent.mkdir(exist_ok=True)
+    hook.write_text("#!/bin/sh\necho 'blocked by the lint hook' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 1
+    err = capsys.readouterr().err
+    assert "blocked by the lint hook" in err and "does not bypass hooks" in err
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert rows(target) == [baseline_row(target)]
+
+
+# ---------------------------------------------------------------------------
+# Setup refusals
+# ---------------------------------------------------------------------------
+
+
+def test_dirty_tree_is_refused_and_left_intact(target, capsys):
+    (target / "program.md").write_text("my unsaved directions\n")
+    assert run_agent(target, None, "anthropic", "--proposer", "random") == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes to tracked files: program.md" in err and "commit or stash" in err
+    assert (target / "program.md").read_text() == "my unsaved directions\n"
+    assert "autoresearch/t" not in git.Repo(target).heads and not (target / "results.tsv").exists()
+
+
+def test_no_key_and_no_proposer_names_both_ways(target, monkeypatch, capsys):
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    with pytest.raises(SystemExit) as e:
+        agent.main(["--tag", "t", "--target", str(target)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--proposer random" in err and "ANTHROPIC_API_KEY" in err and "OPENAI_API_KEY" in err
+
+
+def test_missing_prepared_data_points_to_prepare(target, capsys):
+    (Path(os.environ["AUTORESEARCH_CACHE"]) / "ready").unlink()
+    assert run_agent(target, None, "anthropic", "--proposer", "random") == 2
+    assert "run `python prepare.py` first" in capsys.readouterr().err
+    assert "autoresearch/t" not in git.Repo(target).heads
+
+
+def test_detached_head_is_refused(target, capsys):
+    repo = git.Repo(target)
+    repo.git.checkout("--detach", "HEAD")
+    assert run_agent(target, None, "anthropic", "--proposer", "random") == 2
+    assert "HEAD is detached" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# Without an LLM; resume
+# ---------------------------------------------------------------------------
+
+
+def test_random_proposer_three_iterations(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "3") == 0
+    found = rows(target)
+    assert len(found) == 4 and found[0] == baseline_row(target)
+    assert all(r.split("\t")[4].startswith("random: ") for r in found[1:])
+    assert all(e["cost_usd"] == 0 and e["proposer"] == "random" for e in events(target, "experiment"))
+    # the branch holds exactly the baseline and the kept candidates, in order
+    repo = git.Repo(target)
+    branch = [c.hexsha[:7] for c in repo.iter_commits("autoresearch/t", first_parent=True)][::-1]
+    assert branch == [r.split("\t")[0] for r in found if r.split("\t")[3] == "keep"]
+    assert repo.git.status("--porcelain") == ""               # outputs are untracked and ignored
+
+
+def test_max_experiments_resume_adds_the_difference(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "3") == 0
+    first = rows(target)
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "5") == 0
+    assert rows(target)[:4] == first and len(rows(target)) == 6
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_grid_proposer_on_a_maximising_target_in_a_subdir(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "ready").touch()
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    target = make_target(tmp_path / "repo", metric="pass@1", goal="max", subdir="grpo")
+    assert agent.main(["--tag", "g", "--target", str(target), "--proposer", "grid", "--max-experiments", "2",
+                       "--timeout", "20"]) == 0
+    header, *found = (target / "results.tsv").read_text().splitlines()
+    assert header == "commit\tpass@1\tmemory_gb\tstatus\tdescription"
+    # grid: LR down (0.02 -> 3 - 1.308 = 1.692 discard), LR up (0.08 -> 3 - 1.308 = 1.692 discard)
+    assert [r.split("\t")[1:] for r in found] == [["1.892000", "2.0", "keep", "baseline"],
+                                                 ["1.692000", "2.0", "discard", "grid: LR 0.04 -> 0.02"],
+                                                 ["1.692000", "2.0", "discard", "grid: LR 0.04 -> 0.08"]]
+    assert tree_is_clean(target)
+
+
+def test_lost_row_is_restored_once_on_resume(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    path = target / "results.tsv"
+    complete = path.read_text()
+    path.write_text(complete[:complete.rstrip("\n").rfind("\n") + 1])   # as if killed between event and row
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    assert path.read_text() == complete
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    assert path.read_text() == complete
+
+
+def test_kill_between_commit_and_its_event_is_cleaned_on_resume(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    # replay commit_candidate() up to the commit, as if SIGKILLed before the ref and the "commit" event
+    source = (target / "train.py").read_text().replace("LR = 0.04", "LR = 0.05")
+    line = {"ts": "2026-11-30T00:00:00+00:00", "event": "candidate", "tag": "t", "n": 1, "attempt": 0,
+            "blob": agent.git_blob_sha(source.encode())}
+    with open(target / "events.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+    (target / "train.py").write_text(source)
+    repo = git.Repo(target)
+    repo.git.commit("-qm", "raise LR", "--", "train.py")
+    orphan = repo.head.commit.hexsha
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    assert sha(target, f"refs/autoresearch/t/0001-{orphan[:7]}") == orphan
+    assert events(target, "cleaned")[0]["tip"] == orphan
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1] and len(rows(target)) == 2
+    best = [e["full_commit"] for e in events(target, "experiment") if e["status"] == "keep"][-1]
+    assert sha(target, "HEAD") == best and tree_is_clean(target)
+
+
+def test_foreign_commit_on_the_branch_is_refused(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    (target / "program.md").write_text("new directions\n")
+    repo = git.Repo(target)
+    repo.git.commit("-qam", "my edit")
+    mine = repo.head.commit.hexsha
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 2
+    assert "which the agent did not make" in capsys.readouterr().err
+    assert sha(target, "autoresearch/t") == mine and len(rows(target)) == 1
+
+
+def start_agent(target, llm, *extra):
+    """agent.py as a separate process (so that it can be killed), talking to the loopback LLM."""
+    argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60",
+            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *extra]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_run(target, n, proc, timeout=30):
+    """Wait until experiment n's training has started; returns its process group id."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (target / "events.jsonl").exists():
+            found = [e for e in events(target, "run") if e["n"] == n]
+            if found:
+                return found[0]["pgid"]
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError(f"no run {n} started")
+
+
+SLOW = edit("slow and better", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+            "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 30.0")
+
+
+def test_sigkill_mid_run_then_resume_is_consistent(target):
+    with ScriptedLLM([SLOW]) as llm:
+        proc = start_agent(target, llm)
+        pgid = wait_for_run(target, 1, proc)
+        proc.kill()
+        proc.wait()
+    killed = events(target, "commit")[0]["full_commit"]
+    assert sha(target, "HEAD") == killed                      # the half-done candidate is on the branch
+    os.killpg(pgid, 0)                                         # and its training run is still alive
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    keep = events(target, "experiment")[-1]["full_commit"]
+    assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR"]
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1]
+    assert git.Repo(target).head.commit.parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
+    assert sha(target, f"refs/autoresearch/t/0001-{killed[:7]}") == killed
+    assert events(target, "cleaned")[0]["tip"] == killed
+
+
+def test_sigterm_mid_run_kills_training_and_leaves_the_best_commit(target):
+    with ScriptedLLM([SLOW]) as llm:
+        proc = start_agent(target, llm)
+        pgid = wait_for_run(target, 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 130
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert rows(target) == [baseline_row(target)]
+    assert events(target)[-1]["event"] == "stop" and events(target)[-1]["reason"] == "interrupted"
+
+
+# ---------------------------------------------------------------------------
+# Units: edits, perturbations, frozen constants
+# ---------------------------------------------------------------------------
+
+
+def test_apply_answer_errors_name_the_fix():
+    src = "A = 1\nB = 1\n"
+    with pytest.raises(agent.EditError, match="occurs 2 times in train.py; add surrounding lines"):
+        agent.apply_answer(edit("x", "= 1", "= 2"), src)
+    with pytest.raises(agent.EditError, match="leave train.py unchanged"):
+        agent.apply_answer(edit("x", "A = 1", "A = 1"), src)
+    with pytest.raises(agent.EditError, match=r"does not parse: .*\(line 1\)"):
+        agent.apply_answer(edit("x", "A = 1", "A = (1"), src)
+    two = edit("both", "A = 1", "A = 3") + edit("ignored", "B = 1", "B = 4").split("\n", 1)[1]
+    assert agent.apply_answer(two.replace("\n", "\r\n"), src) == ("both", "A = 3\nB = 4\n")
+
+
+def test_perturbations_keep_types_and_powers_of_two():
+    src = ("TOTAL_BATCH_SIZE = 2**19\nDEPTH = 8  # layers\nHEADS = 6\nMATRIX_LR = 0.04\nBETA = 0.95\n"
+           "ADAM_BETAS = (0.8, 0.95)\nUSE_COMPILE = True\nWARMUP_RATIO = 0.0\nLAYER_2 = 2\nwidth = 64\n")
+    found = {name: (number, kind) for name, _, _, number, kind in agent.numeric_constants(src)}
+    assert found == {"TOTAL_BATCH_SIZE": (19, "pow2"), "DEPTH": (8, "int"), "HEADS": (6, "int"),
+                     "MATRIX_LR": (0.04, "float"), "BETA": (0.95, "float"), "LAYER_2": (2, "int")}
+    assert agent.moves(19, "pow2", wide=False) == ["2**18", "2**20"]
+    assert agent.moves(8, "int", wide=True) == ["4", "16", "2", "32"]
+    assert agent.moves(6, "int", wide=False) == ["4", "8"]
+    assert agent.moves(0.04, "float", wide=False) == ["0.02", "0.08"]
+    assert agent.moves(0.95, "float", wide=False) == ["0.975", "0.9"]
+    answer = agent.perturb(src, "grid", 1, 0, "t")             # LAYER_2's value is replaced, not its name
+    assert agent.apply_answer(answer, src)[1].count("TOTAL_BATCH_SIZE = 2**18\n") == 1
+    assert agent.apply_answer(agent.perturb(src, "grid", 12, 0, "t"), src)[1].endswith("LAYER_2 = 4\nwidth = 64\n")
+    assert agent.perturb(src, "random", 3, 0, "t") == agent.perturb(src, "random", 3, 0, "t")
+
+
+def test_frozen_constants_and_timeout(tmp_path, monkeypatch):
+    (tmp_path / "prepare.py").write_text('METRIC_NAME = "pass@1"\nMETRIC_GOAL = "max"\nTIME_BUDGET = 300\n')
+    values = agent.read_frozen_constants(tmp_path / "prepare.py")
+    assert (values["METRIC_NAME"], values["METRIC_GOAL"], values["TIME_BUDGET"], values["PREFLIGHT"]) == \
+        ("pass@1", "max", 300, False)
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "10")
+    assert agent.effective_budget(300) == 10.0 and agent.default_timeout(10.0) == 130.0
+    assert agent.default_timeout(300.0) == 600.0
+    (tmp_path / "prepare.py").write_text('METRIC_NAME = "x"\nTIME_BUDGET = 300\n')
+    with pytest.raises(agent.SetupError, match="must declare METRIC_GOAL"):
+        agent.read_frozen_constants(tmp_path / "prepare.py")
+
+
+def test_price_table():
+    assert agent.price("claude-haiku-4-5-20251001", 1_000_000, 0, 0, 0) == 1.0
+    assert agent.price("some-local-model", 10**6, 10**6, 0, 0) == 0.0
+
+
+def test_summary_takes_the_last_block_and_rejects_nan():
+    log = "---\nval_bpb: 9.0\nstep 5\r step 6\n---\nval_bpb:   1.234567\npeak_vram_mb: 45060.2\nnote: a b\n"
+    summary = agent.parse_summary(log)
+    assert summary == {"val_bpb": "1.234567", "peak_vram_mb": "45060.2", "note": "a b"}
+    assert agent.read_metric(summary, "val_bpb") == (1.234567, 45060.2 / 1024, "")
+    assert agent.read_metric({"val_bpb": "nan"}, "val_bpb") == (None, 0.0, "val_bpb is nan")
+    assert agent.read_metric({"pass@1": "0.5"}, "val_bpb") == (None, 0.0, "no val_bpb in the summary")
