@@ -192,6 +192,7 @@ class Session:
     candidate_blobs: set                # git blob shas of every train.py this tag wrote
     llm: object = None                  # (system, messages) -> Reply, or None for random/grid
     system_prompt: str = ""
+    profile: str | None = None          # device class reported by `prepare.py --check`, if any
     cost_usd: float = 0.0               # the tag's LLM spend and tokens so far (resume sums "propose" events)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -292,7 +293,7 @@ def ask_for_edit(s, n, messages, train_src):
     MAX_REPAIRS times. Returns a Proposal or None."""
     for attempt in range(MAX_REPAIRS + 1):
         if s.llm is None:
-            reply = Reply(perturb(train_src, s.args.proposer, n, s.args.seed, s.args.tag))
+            reply = Reply(perturb(train_src, s.args.proposer, n, s.args.seed, s.args.tag, s.profile))
         else:
             reply = call_with_retries(s, s.system_prompt, messages)
         s.cost_usd += reply.cost_usd
@@ -376,15 +377,41 @@ def clean_description(text):
 # ---------------------------------------------------------------------------
 
 
-def numeric_constants(source):
-    """Module-level `NAME = <number>` assignments of train.py that can be perturbed.
+def profile_branch(node, profile):
+    """The statements of `if PROFILE == "a": ... elif PROFILE == "b": ... else: ...` that run for profile,
+    or None when node is not such a chain (prepare.py --check reports the profile; see open_session)."""
+    while True:
+        test = node.test
+        if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "PROFILE"
+                and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.comparators[0], ast.Constant) and isinstance(test.comparators[0].value, str)):
+            return None
+        if test.comparators[0].value == profile:
+            return node.body
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node = node.orelse[0]
+            continue
+        return node.orelse
 
-    Returns a list of (name, line, (start, end), value, kind): line is the full source line (unique in the file),
-    start:end the UTF-8 byte span of the literal in it, kind one of "int", "pow2" (written as 2**k), "float".
-    bools, strings, zeros, negative numbers and computed values are left alone."""
+
+def active_statements(body, profile):
+    """Module-level statements, with `if PROFILE == ...` chains replaced by the branch that runs for profile."""
+    for node in body:
+        branch = profile_branch(node, profile) if isinstance(node, ast.If) and profile else None
+        yield from (active_statements(branch, profile) if branch is not None else [node])
+
+
+def numeric_constants(source, profile=None):
+    """`NAME = <number>` assignments of train.py that can be perturbed: at module level, or in the branch of an
+    `if PROFILE == "<name>":` chain that runs for profile (the device class prepare.py prepared for).
+
+    Returns a list of (name, snippet, (start, end), value, kind): snippet is the assignment's line, preceded by
+    as many lines as make it unique in the file; start:end the UTF-8 byte span of the literal in its last line;
+    kind one of "int", "pow2" (written as 2**k), "float". bools, strings, zeros, negative numbers and computed
+    values are left alone."""
     lines = source.splitlines(keepends=True)
     found = []
-    for node in ast.parse(source).body:
+    for node in active_statements(ast.parse(source).body, profile):
         if isinstance(node, ast.AnnAssign):
             target, value = node.target, node.value
         elif isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -403,10 +430,13 @@ def numeric_constants(source):
             number, kind = value.right.value, "pow2"
         else:
             continue
-        line = lines[node.lineno - 1]
-        if source.count(line) != 1:
+        first = node.lineno - 1  # widen upwards until the snippet occurs once (e.g. HEAD_DIM in two branches)
+        while first > 0 and source.count("".join(lines[first:node.lineno])) != 1:
+            first -= 1
+        snippet = "".join(lines[first:node.lineno])
+        if source.count(snippet) != 1:
             continue
-        found.append((target.id, line, (value.col_offset, value.end_col_offset), number, kind))
+        found.append((target.id, snippet, (value.col_offset, value.end_col_offset), number, kind))
     return found
 
 
@@ -437,12 +467,13 @@ def moves(number, kind, wide):
     return texts
 
 
-def perturb(train_src, proposer, n, seed, tag):
+def perturb(train_src, proposer, n, seed, tag, profile=None):
     """The random/grid proposer: an answer in the LLM's format changing one UPPER_CASE constant.
 
     random: a seeded choice per experiment n (reproducible on resume); grid: the (n-1)-th single step of a sweep
-    over every constant, down then up. Raises Stop when train.py has no constant to perturb."""
-    options = [(name, line, span, new) for name, line, span, number, kind in numeric_constants(train_src)
+    over every constant, down then up. profile selects the `if PROFILE == ...` branch (see numeric_constants).
+    Raises Stop when train.py has no constant to perturb."""
+    options = [(name, line, span, new) for name, line, span, number, kind in numeric_constants(train_src, profile)
                for new in moves(number, kind, wide=proposer == "random")]
     if not options:
         raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for "
@@ -453,8 +484,9 @@ def perturb(train_src, proposer, n, seed, tag):
         name, line, (start, end), new = rng.choice([o for o in options if o[0] == name])
     else:
         name, line, (start, end), new = options[(n - 1) % len(options)]
-    raw = line.encode()
-    old, replaced = raw[start:end].decode(), (raw[:start] + new.encode() + raw[end:]).decode()
+    context, last = line[:line.rstrip("\n").rfind("\n") + 1], line[line.rstrip("\n").rfind("\n") + 1:]
+    raw = last.encode()
+    old, replaced = raw[start:end].decode(), context + (raw[:start] + new.encode() + raw[end:]).decode()
     return (f"DESCRIPTION: {proposer}: {name} {old} -> {new}\n"
             f"<<<<<<< SEARCH\n{line}=======\n{replaced}>>>>>>> REPLACE\n")
 
@@ -857,7 +889,8 @@ def default_timeout(budget):
 
 
 def run_prepare(target, flag, timeout):
-    """Run `python prepare.py <flag>` in the target dir; SetupError with its own message if it exits nonzero."""
+    """Run `python prepare.py <flag>` in the target dir and return its stdout; SetupError with its own message
+    if it exits nonzero."""
     env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
     try:
         p = subprocess.run([sys.executable, "prepare.py", flag], cwd=target, env=env, capture_output=True, text=True,
@@ -867,6 +900,7 @@ def run_prepare(target, flag, timeout):
     if p.returncode != 0:
         output = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}")[-3000:]
         raise SetupError(f"prepare.py {flag} failed:\n{output}")
+    return p.stdout
 
 
 def check_target(target):
@@ -1221,9 +1255,11 @@ def main(argv=None):
         check_target(target)
         llm = make_llm(args)
         with lock_repo(open_repo(target)):
-            run_prepare(target, "--check", timeout=600)
+            ready = run_prepare(target, "--check", timeout=600)
             s, constants = open_session(args)
             s.llm = llm
+            # a `profile: <name>` line from --check picks train.py's `if PROFILE == ...` branch for random/grid
+            s.profile = (re.findall(r"^profile:\s*(\S+)\s*$", ready, re.M) or [None])[-1]
             s.system_prompt = SYSTEM_PROMPT.format(
                 budget=s.budget, metric=s.metric, goal=goal_word(s),
                 frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))

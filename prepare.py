@@ -735,7 +735,8 @@ def main(argv=None):
     try:
         if args.check:
             prepared = load_prepared()
-            print(f"ready: {prepared.dataset} data, profile {prepared.profile.name}, in {prepared.root}")
+            print(f"ready: {prepared.dataset} data in {prepared.root}")
+            print(f"profile: {prepared.profile.name}")  # agent.py reads this line (train.py's PROFILE branch)
             return 0
         num_shards = MAX_SHARD if args.num_shards == -1 else args.num_shards
         if num_shards < 1:

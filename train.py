@@ -380,7 +380,6 @@ WARMUP_RATIO = 0.0        # fraction of the time budget for learning-rate warmup
 WARMDOWN_RATIO = 0.5      # fraction of the time budget for the linear decay at the end
 FINAL_LR_FRAC = 0.0       # learning rate at the end, as a fraction of the peak
 SOFTCAP = 15.0            # logits are squashed to (-SOFTCAP, SOFTCAP)
-SEED = 42
 
 # Model size and batch per device class: the branch of the prepared profile is the one that runs.
 if PROFILE == "cpu":      # a 2-core CPU, 300 s: a small wide-ish model that sees ~2 passes of a small corpus
@@ -412,7 +411,7 @@ else:                     # default: one H100-class GPU
 # Setup: model, optimizers, data
 # ---------------------------------------------------------------------------
 
-torch.manual_seed(SEED)
+torch.manual_seed(42)
 tokens_per_micro_step = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
 if TOTAL_BATCH_SIZE % tokens_per_micro_step != 0:
     sys.exit(f"train.py: TOTAL_BATCH_SIZE={TOTAL_BATCH_SIZE} must be a multiple of DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE} "

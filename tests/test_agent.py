@@ -482,3 +482,18 @@ def test_summary_takes_the_last_block_and_rejects_nan():
     assert agent.read_metric(summary, "val_bpb") == (1.234567, 45060.2 / 1024, "")
     assert agent.read_metric({"val_bpb": "nan"}, "val_bpb") == (None, 0.0, "val_bpb is nan")
     assert agent.read_metric({"pass@1": "0.5"}, "val_bpb") == (None, 0.0, "no val_bpb in the summary")
+
+
+def test_perturbations_follow_the_profile_branch():
+    src = ('LR = 0.5\nif PROFILE == "cpu":\n    DEPTH = 4\n    HEAD_DIM = 64\nelif PROFILE == "small":\n    DEPTH = 6\n'
+           '    HEAD_DIM = 64\nelse:\n    DEPTH = 8\n    BATCH = 2**19\n')
+    def names(profile):
+        return {name: number for name, _, _, number, _ in agent.numeric_constants(src, profile)}
+    assert names(None) == {"LR": 0.5}                                   # no profile known: module level only
+    assert names("cpu") == {"LR": 0.5, "DEPTH": 4, "HEAD_DIM": 64}
+    assert names("small") == {"LR": 0.5, "DEPTH": 6, "HEAD_DIM": 64}
+    assert names("default") == {"LR": 0.5, "DEPTH": 8, "BATCH": 19}     # no branch named: the else
+    # HEAD_DIM = 64 occurs twice: the edit carries enough context to hit the small branch only
+    answers = [agent.perturb(src, "grid", n, 0, "t", "small") for n in range(1, 7)]
+    edits = [agent.apply_answer(a, src)[1] for a in answers if "HEAD_DIM" in a.splitlines()[0]]
+    assert edits and all(e.count("    HEAD_DIM = 64\n") == 1 and e.split("elif")[0] == src.split("elif")[0] for e in edits)

@@ -142,7 +142,7 @@ def test_check_and_profile_mismatch(tiny_cache, tmp_path):
     missing = run_prepare("--check", cache=tmp_path / "empty")
     assert missing.returncode == 1 and "run prepare.py first" in missing.stderr
     ok = run_prepare("--check", cache=tiny_cache.root)
-    assert ok.returncode == 0 and "profile tiny" in ok.stdout
+    assert ok.returncode == 0 and "\nprofile: tiny\n" in ok.stdout
     # a different profile on the same cache is refused, never mixed in silently
     clash = run_prepare("--source", str(CORPORA / "tinyshakespeare.txt"), "--profile", "cpu", cache=tiny_cache.root)
     assert clash.returncode == 1 and "--force" in clash.stderr and "AUTORESEARCH_CACHE" in clash.stderr
