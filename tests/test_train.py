@@ -14,7 +14,6 @@ import torch
 import prepare as P
 
 REPO = Path(__file__).resolve().parents[1]
-CORPORA = REPO.parent / "shared" / "data" / "corpora"
 SUMMARY_KEYS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                 "total_tokens_M", "num_steps", "num_params_M", "depth"]  # karpathy's keys, in his order
 
@@ -84,17 +83,6 @@ def test_muon_orthogonalizes(T):
     s = torch.linalg.svdvals(X)
     assert X.shape == G.shape
     assert s.min() > 0.5 and s.max() < 1.5  # singular values pushed towards 1 (the quintic is not exact)
-
-
-@pytest.fixture(scope="module")
-def cpu_cache(tmp_path_factory):
-    """The real corpora prepared with the CPU profile through the CLI, as a user would."""
-    cache = tmp_path_factory.mktemp("cpu-cache")
-    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache)}
-    result = subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return cache
 
 
 def run_train(cache, budget, script=REPO / "train.py", cwd=REPO):
