@@ -233,9 +233,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, self.padded_vocab, bias=False)
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, config.n_embd)
                                            for i in range(config.n_layer) if has_value_embedding(i, config.n_layer)})
-        # per-layer learnable mix of the running residual and the initial embedding x0
-        self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
-        self.x0_lambdas = nn.Parameter(torch.full((config.n_layer,), 0.1))
+        # per-layer learnable mix of the running residual and the initial embedding x0 (values set in init_weights)
+        self.resid_lambdas = nn.Parameter(torch.empty(config.n_layer))
+        self.x0_lambdas = nn.Parameter(torch.empty(config.n_layer))
         self.windows = self.compute_windows(config)
         cos, sin = self.rotary_tables()
         self.register_buffer("cos", cos, persistent=False)
@@ -275,6 +275,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(block.attn.ve_gate.weight)
         for ve in self.value_embeds.values():
             nn.init.uniform_(ve.weight, -s, s)
+        self.resid_lambdas.fill_(1.0)
+        self.x0_lambdas.fill_(0.1)
 
     def num_flops_per_token(self):
         """Training FLOPs per token: 6 x (parameters in matmuls) + 12 x layers x n_embd x attended keys.

@@ -77,6 +77,23 @@ def test_gpt_is_causal_and_returns_vocab_logits(T):
     assert loss.ndim == 0 and math.isfinite(loss.item())
 
 
+def test_init_weights_sets_every_parameter(T):
+    """train.py builds the model on the meta device: init_weights must set every parameter and buffer itself."""
+    cfg = T["GPTConfig"](sequence_len=32, vocab_size=50, n_layer=3, n_head=2, n_embd=32, window_pattern="L")
+    with torch.device("meta"):
+        model = T["GPT"](cfg)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.fill_(float("nan"))  # what uninitialised memory may hold
+    model.init_weights()
+    assert all(torch.isfinite(t).all() for t in [*model.parameters(), *model.buffers()])
+    assert (model.resid_lambdas == 1.0).all() and (model.x0_lambdas == 0.1).all()
+    assert model.cos.shape == (1, 32, 1, 8) and model.cos[0, 0, 0, 0] == 1.0
+    loss = model(torch.randint(0, 50, (2, 32)), torch.randint(0, 50, (2, 32)))
+    assert abs(loss.item() - math.log(50)) < 0.1  # starts near the uniform loss, and finite
+
+
 def test_muon_orthogonalizes(T):
     G = torch.randn(2, 64, 32, generator=torch.Generator().manual_seed(0))
     X = T["orthogonalize"](G).float()
@@ -100,8 +117,11 @@ def test_short_cpu_run_prints_a_parsable_summary(cpu_cache):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = parse_summary(result.stdout)
     assert list(summary)[:len(SUMMARY_KEYS)] == SUMMARY_KEYS
-    val_bpb = float(summary["val_bpb"])
-    assert 0.5 < val_bpb < math.log2(2048) * 4  # a real number, bounded by a uniform model's score
+    # even a few steps must beat the model that knows nothing (equal logits for every token)
+    prepared = P.load_prepared(cpu_cache)
+    tokenizer = P.Tokenizer.from_directory(prepared.tokenizer_dir)
+    uniform = P.evaluate_bpb(lambda x: torch.zeros(*x.shape, 2048), tokenizer, 64, prepared=prepared)
+    assert 0.5 < float(summary["val_bpb"]) < uniform - 0.1
     assert summary["profile"] == "cpu" and summary["device"] == "cpu"
     assert summary["budget_override"] == "1" and summary["time_budget_s"] == "4"
     assert float(summary["training_seconds"]) >= 4
