@@ -38,6 +38,9 @@ def _load(name: str, prepare_module=None):
     return module
 
 
+# One thread: on a small shared CPU, torch's second OpenMP thread makes generation ~20x slower, not faster.
+torch.set_num_threads(1)
+
 prepare = _load("prepare")
 tiny = _load("tiny", prepare)
 train = _load("train", prepare)
@@ -46,6 +49,7 @@ train = _load("train", prepare)
 def _env(cache: Path, model: Path | None = None, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
     env["AUTORESEARCH_CACHE"] = str(cache)
+    env["OMP_NUM_THREADS"] = "1"
     if model is not None:
         env["AUTORESEARCH_GRPO_MODEL"] = str(model)
     env.update(extra)
@@ -185,10 +189,11 @@ def test_check_then_source_then_check(tmp_path):
     assert before.returncode == 1
     assert "python prepare.py --source ../shared/data/gsm8k" in before.stderr
     assert len(before.stderr.strip().splitlines()) == 1
-    prepare.import_source(GSM8K)
+    imported = _run(["prepare.py", "--source", str(GSM8K)], env)
+    assert imported.returncode == 0, imported.stderr
+    assert "train: 7473 problems" in imported.stdout and "test: 1319 problems" in imported.stdout
+    assert prepare.check() is None
     assert [len(prepare.load_problems(s)) for s in ("train", "test")] == [7473, 1319]
-    after = _run(["prepare.py", "--check"], env)
-    assert (after.returncode, after.stderr) == (0, "")
     # the fixed evaluation subset: 500 distinct test problems, the same on every call
     subset = prepare.eval_problems()
     assert len(subset) == 500 and len({p.question for p in subset}) == 500
@@ -312,7 +317,7 @@ def test_preflight_verdict():
 
 def test_preflight_trips_on_random_model_with_gsm8k(random_dir, tmp_path):
     env = _env(tmp_path / "cache", random_dir / "model")
-    assert _run(["prepare.py", "--source", str(GSM8K)], env).returncode == 0
+    prepare.import_source(GSM8K)  # into tmp_path / "cache" (the autouse fixture), as --source would
     result = _run(["prepare.py", "--preflight"], env)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "PREFLIGHT FAILED: degenerate training signal" in result.stderr
@@ -323,7 +328,7 @@ def test_preflight_trips_on_random_model_with_gsm8k(random_dir, tmp_path):
 
 def test_preflight_passes_on_tiny_sums(tiny_dir, tmp_path):
     env = _env(tmp_path / "cache", tiny_dir / "model")
-    assert _run(["prepare.py", "--source", str(tiny_dir / "sums")], env).returncode == 0
+    prepare.import_source(tiny_dir / "sums")
     result = _run(["prepare.py", "--preflight"], env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "preflight: OK" in result.stdout
@@ -377,7 +382,7 @@ def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
 
 def test_train_script_end_to_end(tiny_dir, tmp_path):
     env = _env(tmp_path / "cache", tiny_dir / "model", AUTORESEARCH_TIME_BUDGET="3")
-    assert _run(["prepare.py", "--source", str(tiny_dir / "sums")], env).returncode == 0
+    prepare.import_source(tiny_dir / "sums")
     result = _run(["train.py"], env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     summary = _summary(result.stdout)
