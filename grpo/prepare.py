@@ -285,7 +285,8 @@ def download_split(split: str) -> list[Problem]:
         finally:
             tmp.unlink(missing_ok=True)
     raise SystemExit(f"could not download GSM8K {split} from {url} ({error}). Offline? Use local files instead: "
-                     "`python prepare.py --source ../shared/data/gsm8k` (a directory with train.jsonl and test.jsonl)")
+                     "`python prepare.py --source DIR`, DIR holding train.jsonl and test.jsonl (this workspace has "
+                     "../../shared/data/gsm8k)")
 
 
 def download() -> None:
@@ -304,7 +305,7 @@ def check() -> str | None:
         path = cache_dir() / f"{split}.jsonl"
         if not path.is_file():
             return (f"GSM8K {split} split missing at {path}: run `python prepare.py` in grpo/ "
-                    "(offline: `python prepare.py --source ../shared/data/gsm8k`)")
+                    "(offline: `python prepare.py --source DIR`, e.g. ../../shared/data/gsm8k)")
         try:
             read_jsonl(path)
         except (OSError, ValueError) as e:
@@ -356,6 +357,7 @@ def load_model(device: torch.device, dtype: torch.dtype | None = None):
     source = str(local) if local.exists() else name
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    transformers.utils.logging.disable_progress_bar()  # keep run.log readable
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)

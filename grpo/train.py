@@ -120,6 +120,15 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = ADV_EP
     return advantages.view(-1)
 
 
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref) from samples of pi: exp(ref - logp) - (ref - logp) - 1.
+
+    Same shape as the inputs; always >= 0 and unbiased (Schulman 2020, "Approximating KL Divergence").
+    """
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float, kl_coef: float) -> torch.Tensor:
     """Per-sequence GRPO loss, [n] float32 (the caller averages over sequences).
 
@@ -127,8 +136,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float, kl_co
     the rollouts, and the frozen reference (ref_logp may be None when kl_coef == 0). advantages: [n].
     mask: [n, C] float, 1 on completion tokens. Per token, with ratio = exp(logp - old_logp):
         surrogate = min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
-        kl_k3     = exp(ref - logp) - (ref - logp) - 1          (>= 0, unbiased for KL(pi || ref))
-        loss_t    = -(surrogate - kl_coef * kl_k3)
+        loss_t    = -(surrogate - kl_coef * kl_k3(logp, ref_logp))
     and each sequence's loss is the mean over its own tokens (DeepSeekMath eq. 3's 1/|o_i|).
     """
     ratio = torch.exp(logp - old_logp)
@@ -136,8 +144,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float, kl_co
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     per_token = -surrogate
     if kl_coef > 0:
-        log_ratio_ref = ref_logp - logp
-        per_token = per_token + kl_coef * (torch.exp(log_ratio_ref) - log_ratio_ref - 1)
+        per_token = per_token + kl_coef * kl_k3(logp, ref_logp)
     return (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
@@ -146,7 +153,8 @@ def grpo_step(policy, reference, optimizer, tokenizer, problems, group_size=GROU
               ppo_epochs=PPO_EPOCHS, micro_batch=MICRO_BATCH, grad_clip=GRAD_CLIP) -> dict:
     """One GRPO iteration on `problems`: sample groups, score, compute advantages, update the policy.
 
-    Returns statistics: mean reward, fraction of groups with any reward spread, loss, completion length.
+    Returns statistics: mean reward, fraction of groups with any reward spread (only those carry signal),
+    loss, mean per-token KL to the reference before the update (0 without one), mean completion length.
     """
     rollouts = sample_rollouts(policy, tokenizer, problems, group_size, max_new_tokens, temperature)
     advantages = group_advantages(rollouts.rewards, group_size)
@@ -171,9 +179,11 @@ def grpo_step(policy, reference, optimizer, tokenizer, problems, group_size=GROU
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     policy.eval()
+    mask = rollouts.completion_mask
+    kl = (kl_k3(old_logp, ref_logp) * mask).sum().item() / mask.sum().item() if ref_logp is not None else 0.0
     spread = (rollouts.rewards.view(-1, group_size).std(dim=1) > 0).float().mean().item()
-    return {"reward": rollouts.rewards.mean().item(), "spread": spread, "loss": total_loss / ppo_epochs,
-            "length": rollouts.completion_mask.sum(dim=1).mean().item()}
+    return {"reward": rollouts.rewards.mean().item(), "spread": spread, "loss": total_loss / ppo_epochs, "kl": kl,
+            "length": mask.sum(dim=1).mean().item()}
 
 
 # ---------------------------------------------------------------------------
@@ -212,8 +222,8 @@ if __name__ == "__main__":
         training_seconds += time.time() - t0
         step += 1
         print(f"step {step:04d} | reward {stats['reward']:.3f} | spread {stats['spread']:.2f} | "
-              f"loss {stats['loss']:+.4f} | length {stats['length']:.0f} | {training_seconds:.0f}/{budget:.0f}s",
-              flush=True)
+              f"loss {stats['loss']:+.4f} | kl {stats['kl']:.4f} | length {stats['length']:.0f} | "
+              f"{training_seconds:.0f}/{budget:.0f}s", flush=True)
 
     result = evaluate(policy, tokenizer)
     print_summary(
