@@ -235,8 +235,8 @@ def import_source(source: Path) -> None:
     for split in SPLITS:
         path = source / f"{split}.jsonl"
         if not path.is_file():
-            raise SystemExit(f"--source {source}: {path.name} is missing; the directory needs train.jsonl and test.jsonl "
-                             "with one {\"question\": ..., \"answer\": \"... #### N\"} object per line")
+            raise SystemExit(f"--source {source}: {path.name} is missing; the directory needs train.jsonl and "
+                             "test.jsonl with one {\"question\": ..., \"answer\": \"... #### N\"} object per line")
         try:
             splits[split] = read_jsonl(path)
         except ValueError as e:
@@ -362,17 +362,17 @@ def load_model(device: torch.device, dtype: torch.dtype | None = None):
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"could not load model {name!r}: {e}\nOffline? Download it once where the hub is reachable "
-                         "(it is cached under ~/.cache/huggingface) or point AUTORESEARCH_GRPO_MODEL at a local "
-                         "directory holding the model and tokenizer.") from None
+        raise SystemExit(f"could not load model {name!r}: {e}\nOffline? Download it once where the hub is "
+                         "reachable (it is cached under ~/.cache/huggingface; HF_HUB_OFFLINE=1 then skips the network "
+                         "retries) or point AUTORESEARCH_GRPO_MODEL at a local directory with the model and tokenizer."
+                         ) from None
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(f"the tokenizer of {name!r} has no chat template; prompts are built with it, so use an "
                          f"instruction-tuned model (e.g. {BASE_MODEL}) or save a tokenizer with chat_template set")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = eos_ids(model)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)
     if not eos:
@@ -388,9 +388,9 @@ def build_prompt(tokenizer, question: str) -> str:
 
 
 def eos_ids(model) -> list[int]:
-    """End-of-sequence token ids as set by load_model()."""
+    """The model's end-of-sequence token ids as a list (generation_config may hold an int, a list or None)."""
     eos = model.generation_config.eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos)
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 @dataclass
@@ -407,7 +407,9 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
 
     Prompts are chat-formatted strings (build_prompt); they are batched `batch_size` at a time with left
     padding. On cuda the forward passes run under bf16 autocast, so a float32 policy decodes as a bf16 one.
-    Sampling draws from torch's global RNG (seed it for reproducibility).
+    Sampling draws from torch's global RNG (seed it for reproducibility). Only eos and pad are taken from the
+    model's generation_config: it is swapped for a neutral one during the call, so that settings a training
+    script left on the model (say no_repeat_ngram_size) cannot change what the evaluator decodes.
     """
     device = next(model.parameters()).device
     eos = eos_ids(model)
@@ -419,16 +421,20 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
                                                top_k=0, top_p=1.0, repetition_penalty=1.0,
                                                eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
     completions = []
-    for start in range(0, len(prompts), batch_size):
-        batch = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            out = model.generate(**batch, generation_config=config)
-        new = out[:, batch["input_ids"].shape[1]:].tolist()
-        for row in new:
-            ends = [i for i, t in enumerate(row) if t in eos]
-            n = ends[0] + 1 if ends else len(row)
-            completions.append(Completion(tokenizer.decode(row[:n], skip_special_tokens=True), n, not ends))
+    saved = model.generation_config
+    model.generation_config = transformers.GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                out = model.generate(**batch, generation_config=config)
+            for row in out[:, batch["input_ids"].shape[1]:].tolist():
+                ends = [i for i, t in enumerate(row) if t in eos]
+                n = ends[0] + 1 if ends else len(row)
+                completions.append(Completion(tokenizer.decode(row[:n], skip_special_tokens=True), n, not ends))
+    finally:
+        model.generation_config = saved
     return completions
 
 

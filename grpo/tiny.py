@@ -6,8 +6,8 @@ tokenizer and a chat template, and a GSM8K-format task of one-digit sums, so tha
 (prepare.py --source / --check / --preflight, train.py, agent.py --target grpo) runs offline on a CPU.
 The model is warm-started on the answer format only ("#### k" with k the answer of another, random
 question): it then stops after one line and guesses from the answers' distribution, which gives
-chance-level, non-degenerate rewards that GRPO can improve. With --warm-start-steps 0 it stays random, and the preflight gate must refuse it.
-The tests import these functions.
+chance-level, non-degenerate rewards that GRPO can improve. With --warm-start-steps 0 it stays random,
+and the preflight gate must refuse it on GSM8K. The tests import these functions.
 
 Usage (cwd = grpo/):
     python tiny.py --out /tmp/grpo-tiny     # -> /tmp/grpo-tiny/model and /tmp/grpo-tiny/sums/{train,test}.jsonl

@@ -23,7 +23,8 @@ Memory on one 80 GB GPU with Qwen2.5-0.5B (~0.5B parameters, vocabulary 151,936)
   - the loss pass: logits are [MICRO_BATCH, completion tokens, vocabulary]; only completion positions are
     computed (logits_to_keep) and MICRO_BATCH=16 keeps them at ~16 x 384 x 151936 x 4 B = 3.7 GB in float32
     (plus the softmax kept for backward). Raise MICRO_BATCH only with memory to spare.
-  Total ~25-35 GB peak, so there is headroom; on CPU everything runs in float32 without autocast.
+  Estimated total ~25-35 GB peak (not yet measured on a GPU), so there is headroom; peak_vram_mb in the
+  summary reports the real figure. On CPU everything runs in float32 without autocast.
 """
 
 import random
@@ -196,6 +197,8 @@ if __name__ == "__main__":
     torch.manual_seed(SEED)
     device = get_device()
     budget, _ = time_budget()
+    if GROUP_SIZE < 2:
+        raise SystemExit(f"GROUP_SIZE={GROUP_SIZE}: GRPO needs at least 2 samples per question to compare them")
 
     # float32 master weights everywhere; on cuda the forward passes autocast to bf16 (see the docstring)
     policy, tokenizer = load_model(device, dtype=torch.float32)

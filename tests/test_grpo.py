@@ -286,7 +286,9 @@ def test_evaluator_on_tiny_model(tiny_dir, monkeypatch, capsys):
     capsys.readouterr()
     problems = prepare.eval_problems()
     assert len(problems) == 100  # the split is smaller than EVAL_SIZE: all of it
+    model.generation_config.min_new_tokens = 20  # left on the model by a training script: must not count
     result = prepare.evaluate(model, tokenizer)
+    assert model.generation_config.min_new_tokens == 20  # restored after the call
     # The warm start taught the format and the answers' distribution, so greedy decoding always guesses the
     # most common answer, 9: pass@1 is exactly the share of test sums that equal 9.
     assert [c for _, c, _ in result.samples] == ["#### 9", "#### 9"]
