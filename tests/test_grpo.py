@@ -361,6 +361,22 @@ def test_grpo_loss_hand_computed():
     assert torch.allclose(with_kl, torch.tensor([-1.1 + 0.5 * k3 / 2, 1.0]))
 
 
+def test_completion_logprobs_match_generation(random_dir, monkeypatch):
+    """The loss pass must score each sampled token as the sampler did, left padding included."""
+    model, tokenizer = _tiny_model(random_dir / "model", monkeypatch)
+    problems = _problems(tiny.digit_sums(2, seed=3)) + _problems([json.loads((GSM8K / "test.jsonl").open().readline())])
+    prompts = [prepare.build_prompt(tokenizer, p.question) for p in problems]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    out = model.generate(**batch, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=6, output_scores=True,
+                         return_dict_in_generate=True)
+    sampled = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, out.sequences[:, -6:, None]).squeeze(-1)
+    mask = torch.cat([batch["attention_mask"], torch.ones(3, 6, dtype=torch.long)], dim=1)
+    scored = train.completion_logprobs(model, out.sequences, mask, 6, temperature=1.0)
+    assert batch["attention_mask"][:, 0].tolist() == [0, 0, 1]  # the two short prompts are left-padded
+    assert torch.allclose(scored, sampled, atol=1e-5)
+
+
 def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
     """Proof that the update learns: on "always answer 7", reward alone moves the policy to the answer."""
     model, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
