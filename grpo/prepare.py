@@ -1,0 +1,618 @@
+"""
+FROZEN: data, prompt, answer extraction, reward, evaluator and preflight gate of the GRPO target.
+
+The agent edits grpo/train.py only. It may not change this file: the metric (pass@1 on the fixed
+evaluation subset, greedy decoding, MAX_NEW_TOKENS), the prompt, the answer extraction and the reward
+are defined here, once, so that an experiment cannot improve its score by redefining it.
+
+Usage (cwd = grpo/):
+    python prepare.py                     # download GSM8K (parquet) from Hugging Face into the cache
+    python prepare.py --source DIR        # or copy DIR/train.jsonl and DIR/test.jsonl (GSM8K format)
+    python prepare.py --check             # exit 0 if the prepared data is usable
+    python prepare.py --preflight         # exit 0 if the base model gives a usable training signal
+
+Environment:
+    AUTORESEARCH_CACHE        cache root (default ~/.cache/autoresearch); data lives in its grpo/ subfolder
+    AUTORESEARCH_GRPO_MODEL   base model: a local directory or a hub id (default BASE_MODEL)
+    AUTORESEARCH_TIME_BUDGET  seconds of training, overrides TIME_BUDGET for smoke tests
+    HF_ENDPOINT               Hugging Face mirror (default https://huggingface.co)
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+try:  # transformers is an optional extra (`uv sync --extra rl`); --check reports its absence clearly
+    import transformers
+except ImportError:
+    transformers = None
+
+# ---------------------------------------------------------------------------
+# Constants (fixed, do not modify)
+# ---------------------------------------------------------------------------
+
+METRIC_NAME = "pass@1"        # read by agent.py with ast: keep these four plain literals
+METRIC_GOAL = "max"
+TIME_BUDGET = 600             # seconds of GRPO training per experiment (evaluation comes on top, ~2 min on one H100)
+PREFLIGHT = True              # agent.py runs `prepare.py --preflight` once before the loop
+
+BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+MAX_NEW_TOKENS = 512          # Qwen2.5-0.5B-Instruct's GSM8K solutions are ~150-300 tokens; 512 leaves room
+EVAL_SIZE = 500               # problems of the test split scored per experiment (all of them if the split is smaller)
+EVAL_SEED = 1234              # which 500: a seeded sample of the test split, the same for every experiment
+EVAL_BATCH_SIZE = 64          # fixed, so that padding (and with it bf16 rounding) is the same in every run
+
+PROMPT_TEMPLATE = (
+    "{question}\n\n"
+    "Solve the problem step by step. Then write the final answer as a plain number inside \\boxed{{}}."
+)
+
+PREFLIGHT_SIZE = 32           # greedy pass@1 of the base model on this many training problems
+PREFLIGHT_GROUPS = 4          # ... and this many prompts sampled PREFLIGHT_GROUP_SIZE times each
+PREFLIGHT_GROUP_SIZE = 8
+PREFLIGHT_TEMPERATURE = 1.0   # plain sampling, the distribution GRPO rollouts start from
+PREFLIGHT_SEED = 0
+
+GSM8K_REPO = "datasets/openai/gsm8k/resolve/main/main"
+GSM8K_ROWS = {"train": 7473, "test": 1319}
+SPLITS = ("train", "test")
+DOWNLOAD_ATTEMPTS = 3
+DOWNLOAD_BACKOFF_S = 2.0      # wait 2 s, then 4 s between attempts
+
+
+def cache_dir() -> Path:
+    """The grpo data folder: $AUTORESEARCH_CACHE/grpo (default ~/.cache/autoresearch/grpo)."""
+    root = os.environ.get("AUTORESEARCH_CACHE") or "~/.cache/autoresearch"
+    return Path(root).expanduser() / "grpo"
+
+
+def model_name() -> str:
+    """The base model: $AUTORESEARCH_GRPO_MODEL (local directory or hub id) or BASE_MODEL."""
+    return os.environ.get("AUTORESEARCH_GRPO_MODEL") or BASE_MODEL
+
+
+def time_budget() -> tuple[float, bool]:
+    """Training seconds and whether they come from AUTORESEARCH_TIME_BUDGET (a shortened smoke run).
+
+    Raises SystemExit if the override is not a positive number.
+    """
+    raw = os.environ.get("AUTORESEARCH_TIME_BUDGET")
+    if not raw:
+        return float(TIME_BUDGET), False
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise SystemExit(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive number of seconds; unset it or fix it")
+    return seconds, True
+
+
+# ---------------------------------------------------------------------------
+# Answer extraction and reward (one function for training and evaluation)
+# ---------------------------------------------------------------------------
+
+# A number as written in a model's answer: optional minus (ASCII, unicode minus, en dash) glued to it, optional
+# currency, digits with proper thousands separators or plain digits, optional decimals. The lookbehind keeps
+# "5-3" from reading as "-3" and "x2" from reading as "2"; a spaced " - 3" is subtraction, so the sign must touch
+# the digits. Units, "%" and a sentence's final period simply follow the match.
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<minus>[-\u2212\u2013])?(?:[$\u20ac\u00a3\u00a5]\s?)?"
+    r"(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+)
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+
+
+def _numbers(text: str) -> list[Fraction]:
+    values = []
+    for m in _NUMBER.finditer(text):
+        value = Fraction(m.group("digits").replace(",", ""))
+        values.append(-value if m.group("minus") else value)
+    return values
+
+
+def _boxed(text: str) -> list[str]:
+    """Contents of every \\boxed{...} in order, nested braces allowed (e.g. \\boxed{\\frac{1}{2}})."""
+    contents = []
+    start = text.find("\\boxed{")
+    while start != -1:
+        depth, i = 1, start + len("\\boxed{")
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            contents.append(text[start + len("\\boxed{"):i - 1])
+        start = text.find("\\boxed{", i)
+    return contents
+
+
+def extract_answer(text: str) -> Fraction | None:
+    """The final numeric answer in a model's output, or None if it states no number.
+
+    Rules, first that yields a number wins: the first number after the last "####" (GSM8K's own format);
+    the last \\boxed{...} (a \\frac{a}{b} inside counts as a/b); the first number after the last
+    "answer is" / "answer:"; else the last number in the text. Numbers may carry thousands separators
+    (1,234 and LaTeX 1{,}234), currency signs, units, a percent sign, a minus sign and decimals; a
+    trailing period is punctuation. Returns an exact Fraction so that 18, 18.0 and $18.00 compare equal.
+    """
+    text = text.replace("{,}", ",").replace("\\$", "$").replace("\\%", "%")
+    if "####" in text:
+        after = _numbers(text.rsplit("####", 1)[1])
+        if after:
+            return after[0]
+    for content in reversed(_boxed(text)):
+        frac = _FRAC.search(content)
+        if frac:
+            num, den = _numbers(frac.group(1)), _numbers(frac.group(2))
+            if len(num) == 1 and len(den) == 1 and den[0] != 0:
+                negative = content[:frac.start()].strip().endswith(("-", "\u2212"))
+                return -num[0] / den[0] if negative else num[0] / den[0]
+        inside = _numbers(content)
+        if inside:
+            return inside[0]
+    said = list(_ANSWER_IS.finditer(text))
+    if said:
+        after = _numbers(text[said[-1].end():])
+        if after:
+            return after[0]
+    found = _numbers(text)
+    return found[-1] if found else None
+
+
+def reward(completion: str, gold: Fraction) -> float:
+    """1.0 if the completion's extracted answer equals gold exactly (as numbers), else 0.0.
+
+    The only reward of this target: train.py scores rollouts with it and evaluate() scores pass@1 with it.
+    """
+    answer = extract_answer(completion)
+    return 1.0 if answer is not None and answer == gold else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Data: GSM8K from Hugging Face (parquet) or a local directory of jsonl files
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Problem:
+    question: str
+    answer: str        # the reference solution, ending in "#### N"
+    gold: Fraction     # N
+
+
+def parse_row(row: object, where: str) -> Problem:
+    """One GSM8K record {"question": str, "answer": "... #### N"} -> Problem. Raises ValueError naming `where`."""
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+        raise ValueError(f"{where}: expected an object with string fields 'question' and 'answer'")
+    if "####" not in row["answer"]:
+        raise ValueError(f"{where}: the answer has no final '#### N' line (GSM8K format)")
+    gold = extract_answer(row["answer"])
+    if gold is None:
+        raise ValueError(f"{where}: no number after '####' in the answer")
+    return Problem(row["question"], row["answer"], gold)
+
+
+def read_jsonl(path: Path) -> list[Problem]:
+    """Problems from a GSM8K-format jsonl file. Raises ValueError naming the file and line of a bad row."""
+    problems = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            problems.append(parse_row(row, f"{path}:{lineno}"))
+    if not problems:
+        raise ValueError(f"{path}: no problems in the file")
+    return problems
+
+
+def write_jsonl(problems: list[Problem], path: Path) -> None:
+    """Write problems as GSM8K jsonl through a temp file and a rename, so a crash never leaves half a split."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(json.dumps({"question": p.question, "answer": p.answer}) + "\n")
+    tmp.replace(path)
+
+
+def import_source(source: Path) -> None:
+    """Validate DIR/train.jsonl and DIR/test.jsonl and copy them into the cache. Raises SystemExit on bad input."""
+    splits = {}
+    for split in SPLITS:
+        path = source / f"{split}.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"--source {source}: {path.name} is missing; the directory needs train.jsonl and "
+                             "test.jsonl with one {\"question\": ..., \"answer\": \"... #### N\"} object per line")
+        try:
+            splits[split] = read_jsonl(path)
+        except ValueError as e:
+            raise SystemExit(f"--source {source}: {e}") from None
+    for split, problems in splits.items():
+        write_jsonl(problems, cache_dir() / f"{split}.jsonl")
+        print(f"{split}: {len(problems)} problems from {source / f'{split}.jsonl'}")
+
+
+def download_split(split: str) -> list[Problem]:
+    """Download one GSM8K split as parquet from Hugging Face (or $HF_ENDPOINT), validated, with retries.
+
+    The file is streamed to a temp file and read with pyarrow; a wrong schema or row count counts as a
+    failed attempt. Raises SystemExit naming `--source` when every attempt fails (e.g. offline).
+    """
+    import pyarrow.parquet as pq
+    import requests
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/{GSM8K_REPO}/{split}-00000-of-00001.parquet"
+    tmp = cache_dir() / f"{split}.parquet.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    error = ""
+    for attempt in range(DOWNLOAD_ATTEMPTS):
+        if attempt:
+            time.sleep(DOWNLOAD_BACKOFF_S * 2 ** (attempt - 1))
+        try:
+            with requests.get(url, stream=True, timeout=60) as r:
+                if r.status_code == 404:  # retrying cannot help
+                    error = f"HTTP 404 for {url}"
+                    break
+                r.raise_for_status()
+                with open(tmp, "wb") as f:
+                    for chunk in r.iter_content(chunk_size=1 << 20):
+                        f.write(chunk)
+            table = pq.read_table(tmp)
+            if not {"question", "answer"} <= set(table.column_names):
+                raise ValueError(f"columns {table.column_names}, expected question and answer")
+            if table.num_rows != GSM8K_ROWS[split]:
+                raise ValueError(f"{table.num_rows} rows, expected {GSM8K_ROWS[split]}")
+            rows = table.select(["question", "answer"]).to_pylist()
+            return [parse_row(row, f"{url} row {i}") for i, row in enumerate(rows)]
+        except Exception as e:  # network, HTTP, truncated or foreign file: all worth another attempt
+            error = f"{type(e).__name__}: {e}"
+            print(f"download {split} attempt {attempt + 1}/{DOWNLOAD_ATTEMPTS} failed: {error}", file=sys.stderr)
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise SystemExit(f"could not download GSM8K {split} from {url} ({error}). Offline? Use local files instead: "
+                     "`python prepare.py --source DIR`, DIR holding train.jsonl and test.jsonl (this workspace has "
+                     "../../shared/data/gsm8k)")
+
+
+def download() -> None:
+    """Download both GSM8K splits into the cache (nothing is written unless both succeed)."""
+    splits = {split: download_split(split) for split in SPLITS}
+    for split, problems in splits.items():
+        write_jsonl(problems, cache_dir() / f"{split}.jsonl")
+        print(f"{split}: {len(problems)} problems -> {cache_dir() / f'{split}.jsonl'}")
+
+
+def check() -> str | None:
+    """None if the prepared data and transformers are usable, else a one-line message naming the fix."""
+    if transformers is None:
+        return "transformers is not installed: run `uv sync --extra rl`"
+    for split in SPLITS:
+        path = cache_dir() / f"{split}.jsonl"
+        if not path.is_file():
+            return (f"GSM8K {split} split missing at {path}: run `python prepare.py` in grpo/ "
+                    "(offline: `python prepare.py --source DIR`, e.g. ../../shared/data/gsm8k)")
+        try:
+            read_jsonl(path)
+        except (OSError, ValueError) as e:
+            return f"{path} is unusable ({e}): run `python prepare.py` (or `--source DIR`) again"
+    return None
+
+
+def load_problems(split: str) -> list[Problem]:
+    """The cached split ("train" or "test"). Raises SystemExit naming the prepare command if it is missing."""
+    problem = check()
+    if problem:
+        raise SystemExit(problem)
+    return read_jsonl(cache_dir() / f"{split}.jsonl")
+
+
+def eval_problems() -> list[Problem]:
+    """The fixed evaluation subset: EVAL_SIZE problems of the test split drawn with EVAL_SEED, in file order."""
+    test = load_problems("test")
+    if len(test) <= EVAL_SIZE:
+        return test
+    keep = sorted(random.Random(EVAL_SEED).sample(range(len(test)), EVAL_SIZE))
+    return [test[i] for i in keep]
+
+
+# ---------------------------------------------------------------------------
+# Runtime utilities (imported by train.py)
+# ---------------------------------------------------------------------------
+
+def get_device() -> torch.device:
+    """cuda if available, else cpu."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(device: torch.device, dtype: torch.dtype | None = None):
+    """Load model_name() as (model, tokenizer) on `device`, in eval mode.
+
+    dtype defaults to bfloat16 on cuda and float32 on cpu. The tokenizer pads on the left (decoder-only
+    batched generation) and must have a chat template. The model's own sampling defaults (a hub
+    generation_config may set temperature, top_k, repetition_penalty) are cleared, so that decoding is
+    exactly what generate() below asks for. Raises SystemExit with the fix on any loading problem.
+    """
+    if transformers is None:
+        raise SystemExit("transformers is not installed: run `uv sync --extra rl`")
+    name = model_name()
+    local = Path(name).expanduser()
+    if not local.exists() and name.startswith(("/", "./", "../", "~")):
+        raise SystemExit(f"model directory {name} does not exist: fix AUTORESEARCH_GRPO_MODEL "
+                         f"(a directory written by save_pretrained, or a hub id such as {BASE_MODEL})")
+    source = str(local) if local.exists() else name
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    transformers.utils.logging.disable_progress_bar()  # keep run.log readable
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"could not load model {name!r}: {e}\nOffline? Download it once where the hub is "
+                         "reachable (it is cached under ~/.cache/huggingface; HF_HUB_OFFLINE=1 then skips the network "
+                         "retries) or point AUTORESEARCH_GRPO_MODEL at a local directory with the model and tokenizer."
+                         ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit(f"the tokenizer of {name!r} has no chat template; prompts are built with it, so use an "
+                         f"instruction-tuned model (e.g. {BASE_MODEL}) or save a tokenizer with chat_template set")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    eos = eos_ids(model)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    if not eos:
+        raise SystemExit(f"model {name!r} defines no end-of-sequence token; generation could not stop early")
+    model.generation_config = transformers.GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    return model.to(device).eval(), tokenizer
+
+
+def build_prompt(tokenizer, question: str) -> str:
+    """The chat-formatted prompt for one question (a single user turn, generation prompt appended)."""
+    messages = [{"role": "user", "content": PROMPT_TEMPLATE.format(question=question)}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def eos_ids(model) -> list[int]:
+    """The model's end-of-sequence token ids as a list (generation_config may hold an int, a list or None)."""
+    eos = model.generation_config.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+@dataclass
+class Completion:
+    text: str          # decoded new tokens, special tokens removed
+    num_tokens: int    # new tokens up to and including the first end-of-sequence token
+    truncated: bool    # stopped by max_new_tokens rather than by end-of-sequence
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float | None = None,
+             batch_size: int = EVAL_BATCH_SIZE) -> list[Completion]:
+    """Complete each prompt: greedy if temperature is None, else plain sampling at `temperature`.
+
+    Prompts are chat-formatted strings (build_prompt); they are batched `batch_size` at a time with left
+    padding. On cuda the forward passes run under bf16 autocast, so a float32 policy decodes as a bf16 one.
+    Sampling draws from torch's global RNG (seed it for reproducibility). Only eos and pad are taken from the
+    model's generation_config: it is swapped for a neutral one during the call, so that settings a training
+    script left on the model (say no_repeat_ngram_size) cannot change what the evaluator decodes.
+    """
+    device = next(model.parameters()).device
+    eos = eos_ids(model)
+    if temperature is None:
+        config = transformers.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.0,
+                                               eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    else:
+        config = transformers.GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                               top_k=0, top_p=1.0, repetition_penalty=1.0,
+                                               eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    completions = []
+    saved = model.generation_config
+    model.generation_config = transformers.GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                out = model.generate(**batch, generation_config=config)
+            for row in out[:, batch["input_ids"].shape[1]:].tolist():
+                ends = [i for i, t in enumerate(row) if t in eos]
+                n = ends[0] + 1 if ends else len(row)
+                completions.append(Completion(tokenizer.decode(row[:n], skip_special_tokens=True), n, not ends))
+    finally:
+        model.generation_config = saved
+    return completions
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated by torch in this process (MB); 0.0 on cpu."""
+    return torch.cuda.max_memory_allocated() / 1024**2 if torch.cuda.is_available() else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Evaluation (DO NOT CHANGE — this is the fixed metric)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class EvalResult:
+    correct: int
+    total: int
+    truncated: int       # outputs cut off at MAX_NEW_TOKENS
+    no_answer: int       # outputs with no number extract_answer could read
+    seconds: float
+    samples: list = field(default_factory=list)   # (question, completion, gold) of the first few problems
+
+    @property
+    def pass_at_1(self) -> float:
+        return self.correct / self.total
+
+
+def evaluate(model, tokenizer, problems: list[Problem] | None = None) -> EvalResult:
+    """pass@1 of `model` with greedy decoding and MAX_NEW_TOKENS on `problems` (default: eval_problems()).
+
+    One greedy completion per problem, scored by reward(); pass@1 = correct / total.
+    """
+    problems = eval_problems() if problems is None else problems
+    model.eval()
+    t0 = time.time()
+    prompts = [build_prompt(tokenizer, p.question) for p in problems]
+    completions = generate(model, tokenizer, prompts, MAX_NEW_TOKENS)
+    correct = sum(reward(c.text, p.gold) for c, p in zip(completions, problems))
+    return EvalResult(
+        correct=int(correct), total=len(problems),
+        truncated=sum(c.truncated for c in completions),
+        no_answer=sum(extract_answer(c.text) is None for c in completions),
+        seconds=time.time() - t0,
+        samples=[(p.question, c.text, p.gold) for p, c in zip(problems[:2], completions[:2])],
+    )
+
+
+def print_summary(result: EvalResult, **extra) -> None:
+    """Print example outputs, then the summary block agent.py parses: `---`, then `key: value` lines.
+
+    pass@1 comes first, then counts, timing and peak memory, then the fixed settings, then `extra`
+    (train.py's own numbers, e.g. training_seconds, num_steps), in the order given.
+    """
+    for question, completion, gold in result.samples:
+        print(f"example question: {question[:200]!r}\nexample output:   {completion[:400]!r}\ngold: {gold}")
+    budget, overridden = time_budget()
+    lines = {
+        "pass@1": f"{result.pass_at_1:.6f}",
+        "correct": result.correct,
+        "total": result.total,
+        "truncated": result.truncated,
+        "no_answer": result.no_answer,
+        "eval_seconds": f"{result.seconds:.1f}",
+        "peak_vram_mb": f"{peak_memory_mb():.1f}",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "model": model_name(),
+        "time_budget_s": f"{budget:g}",
+    }
+    if overridden:
+        lines["budget_override"] = 1
+    lines.update(extra)
+    print("---")
+    for key, value in lines.items():
+        print(f"{key + ':':<18}{value}")
+
+
+# ---------------------------------------------------------------------------
+# Preflight gate: refuse to start on a degenerate training signal
+# ---------------------------------------------------------------------------
+
+@dataclass
+class PreflightReport:
+    correct: int                 # greedy answers right, of `total`
+    total: int
+    groups: list                 # rewards of each sampled group, PREFLIGHT_GROUPS lists of PREFLIGHT_GROUP_SIZE
+    truncated: int               # greedy outputs cut off at MAX_NEW_TOKENS
+    no_answer: int               # greedy outputs with no readable number
+    samples: list                # a few (completion, gold) pairs to show
+
+
+def run_preflight(model, tokenizer, problems: list[Problem]) -> PreflightReport:
+    """Greedy pass@1 on the first PREFLIGHT_SIZE of `problems` and the rewards of PREFLIGHT_GROUPS groups of
+    PREFLIGHT_GROUP_SIZE samples (temperature PREFLIGHT_TEMPERATURE), seeded with PREFLIGHT_SEED."""
+    greedy_set = problems[:PREFLIGHT_SIZE]
+    prompts = [build_prompt(tokenizer, p.question) for p in greedy_set]
+    greedy = generate(model, tokenizer, prompts, MAX_NEW_TOKENS)
+    torch.manual_seed(PREFLIGHT_SEED)
+    group_set = problems[:PREFLIGHT_GROUPS]
+    prompts = [build_prompt(tokenizer, p.question) for p in group_set for _ in range(PREFLIGHT_GROUP_SIZE)]
+    sampled = generate(model, tokenizer, prompts, MAX_NEW_TOKENS, temperature=PREFLIGHT_TEMPERATURE)
+    groups = [[reward(sampled[g * PREFLIGHT_GROUP_SIZE + i].text, p.gold) for i in range(PREFLIGHT_GROUP_SIZE)]
+              for g, p in enumerate(group_set)]
+    return PreflightReport(
+        correct=int(sum(reward(c.text, p.gold) for c, p in zip(greedy, greedy_set))),
+        total=len(greedy_set),
+        groups=groups,
+        truncated=sum(c.truncated for c in greedy),
+        no_answer=sum(extract_answer(c.text) is None for c in greedy),
+        samples=[(c.text, p.gold) for c, p in zip(greedy[:3], greedy_set[:3])],
+    )
+
+
+def preflight_verdict(report: PreflightReport) -> str | None:
+    """None if the signal is usable, else the message naming the likely causes.
+
+    Degenerate = no greedy answer right, or every sampled group with identical rewards (then every
+    group-normalised GRPO advantage is zero and training cannot move).
+    """
+    flat_groups = [g for g in report.groups if len(set(g)) == 1]
+    problems = []
+    if report.correct == 0:
+        problems.append(f"the base model answered 0 of {report.total} problems correctly (greedy)")
+    if len(flat_groups) == len(report.groups):
+        problems.append(f"all {len(report.groups)} sampled groups of {PREFLIGHT_GROUP_SIZE} got identical rewards "
+                        "(every GRPO advantage would be zero)")
+    if not problems:
+        return None
+    return (
+        "PREFLIGHT FAILED: degenerate training signal: " + "; ".join(problems) + ".\nLikely causes:\n"
+        f"  - answer extraction: {report.no_answer}/{report.total} outputs had no number extract_answer could read "
+        "(compare the outputs above with the expected answers)\n"
+        f"  - max new tokens: {report.truncated}/{report.total} outputs hit MAX_NEW_TOKENS={MAX_NEW_TOKENS} "
+        "before the end-of-sequence token\n"
+        "  - prompt format: the chat template or PROMPT_TEMPLATE does not lead this model to a final answer\n"
+        f"  - model path: AUTORESEARCH_GRPO_MODEL / BASE_MODEL = {model_name()!r} is not the intended "
+        "instruction-tuned model\n"
+        "  - data: the task may be far too hard for this model (e.g. a tiny test model on real GSM8K)\n"
+        "Not starting the loop: fix the cause, then run `python prepare.py --preflight` again."
+    )
+
+
+def preflight() -> int:
+    """Load data and the base model, run the gate, print the report; 0 if healthy, 1 if degenerate."""
+    problems = load_problems("train")
+    sample = random.Random(PREFLIGHT_SEED).sample(problems, min(PREFLIGHT_SIZE, len(problems)))
+    model, tokenizer = load_model(get_device())
+    t0 = time.time()
+    report = run_preflight(model, tokenizer, sample)
+    for completion, gold in report.samples:
+        print(f"output: {completion[:300]!r}\n  extracted: {extract_answer(completion)}  expected: {gold}")
+    print(f"preflight: greedy pass@1 {report.correct}/{report.total}, group rewards {report.groups}, "
+          f"{time.time() - t0:.1f}s")
+    verdict = preflight_verdict(report)
+    if verdict:
+        print(verdict, file=sys.stderr)
+        return 1
+    print("preflight: OK, the training signal is not degenerate")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Prepare GSM8K for the GRPO target and check the training signal.")
+    parser.add_argument("--source", type=Path, help="directory with train.jsonl and test.jsonl in GSM8K format")
+    parser.add_argument("--check", action="store_true", help="exit 0 if the prepared data is usable")
+    parser.add_argument("--preflight", action="store_true", help="exit 0 if the base model's reward signal is healthy")
+    args = parser.parse_args()
+    if args.check:
+        message = check()
+        if message:
+            print(message, file=sys.stderr)
+            sys.exit(1)
+        sys.exit(0)
+    if args.preflight:
+        sys.exit(preflight())
+    if args.source:
+        import_source(args.source)
+    else:
+        download()
