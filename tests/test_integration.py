@@ -50,3 +50,41 @@ def test_agent_runs_the_real_train_py_and_the_report_reads_it(cpu_cache, tmp_pat
     assert f"baseline + 1: {keeps} keep" in report.stdout
     assert f"baseline     {baseline[1]}" in report.stdout
     assert (repo_dir / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_agent_runs_the_grpo_target_with_the_random_proposer(tmp_path):
+    """issue 5's end-to-end run: a tiny Qwen2 on one-digit sums (non-degenerate reward), 2 experiments."""
+    grpo = REPO / "grpo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_") and not k.endswith("_API_KEY")}
+    env.update(AUTORESEARCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(tmp_path / "tiny")], cwd=grpo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert tiny.returncode == 0, tiny.stderr[-2000:]
+    env.update(AUTORESEARCH_GRPO_MODEL=str(tmp_path / "tiny" / "model"), AUTORESEARCH_TIME_BUDGET="3")
+    prepared = subprocess.run([sys.executable, "prepare.py", "--source", str(tmp_path / "tiny" / "sums")], cwd=grpo,
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+
+    repo_dir = tmp_path / "repo"
+    (repo_dir / "grpo").mkdir(parents=True)
+    for name in ("prepare.py", "train.py", "program.md"):
+        shutil.copy(grpo / name, repo_dir / "grpo" / name)
+    shutil.copy(REPO / ".gitignore", repo_dir / ".gitignore")
+    repo = git.Repo.init(repo_dir, initial_branch="main")
+    repo.index.add([".gitignore", "grpo/prepare.py", "grpo/train.py", "grpo/program.md"])
+    repo.index.commit("initial")
+
+    result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--target", str(repo_dir / "grpo"), "--tag", "rl",
+                             "--proposer", "random", "--max-experiments", "2"],
+                            cwd=repo_dir, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "preflight" in result.stdout
+    lines = (repo_dir / "grpo" / "results.tsv").read_text().splitlines()
+    assert lines[0] == "commit\tpass@1\tmemory_gb\tstatus\tdescription" and len(lines) == 4
+    rows = [line.split("\t") for line in lines[1:]]
+    assert rows[0][3:] == ["keep", "baseline"] and 0.0 < float(rows[0][1]) < 1.0
+    assert all(re.fullmatch(r"random: [A-Z_0-9]+ \S+ -> \S+", row[4]) for row in rows[1:])
+    kept = [row for row in rows if row[3] == "keep"]
+    assert all(float(b[1]) > float(a[1]) for a, b in zip(kept, kept[1:]))  # higher is better here
+    assert repo.commit("autoresearch/rl").hexsha.startswith(kept[-1][0])
+    assert not repo.is_dirty()
