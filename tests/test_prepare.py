@@ -1,5 +1,6 @@
 """Tests of prepare.py (the frozen side): local sources, downloads, tokenizer, dataloader, evaluator."""
 
+import errno
 import http.server
 import io
 import json
@@ -362,3 +363,14 @@ def test_climbmix_download_pins_the_val_shard(server, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06542.parquet"]
     prepared = P.Prepared(tmp_path, "climbmix", url, TINY, tmp_path, P.VAL_SHARD_NAME)
     assert [p.name for p in P.train_files(prepared)] == ["shard_00000.parquet", "shard_00001.parquet"]
+
+
+def test_disk_full_names_the_fix(tmp_path, monkeypatch, capsys):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "data" / "shard_00000.parquet"))
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(P, "_write_shards", no_space)
+    assert P.main(["--source", str(CORPORA / "tinyshakespeare.txt"), "--profile", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "disk full while writing" in err and "AUTORESEARCH_CACHE" in err
+    assert not (tmp_path / "prepared.json").exists()
