@@ -13,6 +13,7 @@ Usage: uv run bench/bench_train_cpu.py [--corpora PATH] [--keep-cache DIR]
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,8 +70,7 @@ def main():
     text = log.read_text()
     if result.returncode != 0 or "\n---\n" not in text:
         sys.exit(f"train.py failed (exit {result.returncode}); see {log}")
-    summary = dict(line.split(":", 1) for line in text.split("\n---\n")[-1].strip().splitlines())
-    summary = {k.strip(): v.strip() for k, v in summary.items()}
+    summary = dict(re.findall(r"^(\w+):\s+(\S.*)$", text.split("\n---\n")[-1], re.M))
     budget = float(summary["time_budget_s"])
     overhead = float(summary["total_seconds"]) - float(summary["training_seconds"])
 

@@ -139,10 +139,10 @@ def edited_train(tmp_path, old, new):
 
 
 def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
-    script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 32\n", "    DEVICE_BATCH_SIZE = 24\n")
+    script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 24\n")
     result = run_train(cpu_cache, 2, script, tmp_path)
     assert result.returncode == 1
-    assert "TOTAL_BATCH_SIZE=8192" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
+    assert "TOTAL_BATCH_SIZE=4096" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
 
 
 def test_nan_loss_fails_fast(cpu_cache, tmp_path):
