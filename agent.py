@@ -877,8 +877,8 @@ def effective_budget(time_budget):
         budget = float(raw) if raw else float(time_budget)
     except ValueError:
         budget = -1.0
-    if budget <= 0:
-        raise SetupError(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive number of seconds; unset it or fix it")
+    if not (budget > 0 and math.isfinite(budget)):
+        raise SetupError(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive, finite number of seconds; unset it or fix it")
     return budget
 
 

@@ -117,8 +117,8 @@ def time_budget():
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise PrepareError(f"{TIME_BUDGET_ENV}={raw!r} is not a positive number of seconds; unset it or use e.g. {TIME_BUDGET_ENV}=30")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise PrepareError(f"{TIME_BUDGET_ENV}={raw!r} is not a positive, finite number of seconds; unset it or use e.g. {TIME_BUDGET_ENV}=30")
     return seconds, True
 
 # ---------------------------------------------------------------------------

@@ -162,9 +162,10 @@ def test_time_budget_override(monkeypatch):
     assert P.time_budget() == (300.0, False)
     monkeypatch.setenv(P.TIME_BUDGET_ENV, "12.5")
     assert P.time_budget() == (12.5, True)
-    monkeypatch.setenv(P.TIME_BUDGET_ENV, "soon")
-    with pytest.raises(P.PrepareError, match="positive number"):
-        P.time_budget()
+    for bad in ("soon", "-5", "0", "inf", "nan"):
+        monkeypatch.setenv(P.TIME_BUDGET_ENV, bad)
+        with pytest.raises(P.PrepareError, match="positive, finite number"):
+            P.time_budget()
 
 # ---------------------------------------------------------------------------
 # dataloader
