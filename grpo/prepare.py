@@ -6,10 +6,11 @@ evaluation subset, greedy decoding, MAX_NEW_TOKENS), the prompt, the answer extr
 are defined here, once, so that an experiment cannot improve its score by redefining it.
 
 Usage (cwd = grpo/):
-    python prepare.py                     # download GSM8K (parquet) from Hugging Face into the cache
-    python prepare.py --source DIR        # or copy DIR/train.jsonl and DIR/test.jsonl (GSM8K format)
-    python prepare.py --check             # exit 0 if the prepared data is usable
-    python prepare.py --preflight         # exit 0 if the base model gives a usable training signal
+    uv run prepare.py                     # download GSM8K (parquet) from Hugging Face into the cache
+    uv run prepare.py --source DIR        # or copy DIR/train.jsonl and DIR/test.jsonl (GSM8K format)
+    uv run prepare.py --source DIR --force    # replace data prepared from another source
+    uv run prepare.py --check             # exit 0 if the prepared data is usable
+    uv run prepare.py --preflight         # exit 0 if the base model gives a usable training signal
 
 Environment:
     AUTORESEARCH_CACHE        cache root (default ~/.cache/autoresearch); data lives in its grpo/ subfolder
@@ -229,8 +230,28 @@ def write_jsonl(problems: list[Problem], path: Path) -> None:
     tmp.replace(path)
 
 
-def import_source(source: Path) -> None:
-    """Validate DIR/train.jsonl and DIR/test.jsonl and copy them into the cache. Raises SystemExit on bad input."""
+def claim_source(source_id: str, force: bool) -> None:
+    """Refuse to replace data prepared from another source unless force: pass@1 on two different tasks must
+    never mix in one results.tsv. Raises SystemExit naming --force and AUTORESEARCH_CACHE."""
+    record = cache_dir() / "source.json"
+    try:
+        old = json.loads(record.read_text())["source"] if record.exists() else None
+    except (OSError, ValueError, KeyError):
+        old = "an unreadable source.json"
+    has_data = any((cache_dir() / f"{split}.jsonl").exists() for split in SPLITS)
+    if has_data and old != source_id and not force:
+        raise SystemExit(f"{cache_dir()} already holds data prepared from {old or 'an unrecorded source'}; re-run with "
+                         "--force to replace it, or set AUTORESEARCH_CACHE to another folder to keep both")
+
+
+def record_source(source_id: str) -> None:
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    (cache_dir() / "source.json").write_text(json.dumps({"source": source_id}) + "\n")
+
+
+def import_source(source: Path, force: bool = False) -> None:
+    """Validate DIR/train.jsonl and DIR/test.jsonl and copy them into the cache. Raises SystemExit on bad input
+    or when the cache holds data from another source (unless force)."""
     splits = {}
     for split in SPLITS:
         path = source / f"{split}.jsonl"
@@ -241,9 +262,12 @@ def import_source(source: Path) -> None:
             splits[split] = read_jsonl(path)
         except ValueError as e:
             raise SystemExit(f"--source {source}: {e}") from None
+    source_id = str(source.resolve())
+    claim_source(source_id, force)
     for split, problems in splits.items():
         write_jsonl(problems, cache_dir() / f"{split}.jsonl")
         print(f"{split}: {len(problems)} problems from {source / f'{split}.jsonl'}")
+    record_source(source_id)
 
 
 def download_split(split: str) -> list[Problem]:
@@ -285,16 +309,18 @@ def download_split(split: str) -> list[Problem]:
         finally:
             tmp.unlink(missing_ok=True)
     raise SystemExit(f"could not download GSM8K {split} from {url} ({error}). Offline? Use local files instead: "
-                     "`python prepare.py --source DIR`, DIR holding train.jsonl and test.jsonl (this workspace has "
+                     "`uv run prepare.py --source DIR`, DIR holding train.jsonl and test.jsonl (this workspace has "
                      "../../shared/data/gsm8k)")
 
 
-def download() -> None:
+def download(force: bool = False) -> None:
     """Download both GSM8K splits into the cache (nothing is written unless both succeed)."""
+    claim_source(GSM8K_REPO, force)
     splits = {split: download_split(split) for split in SPLITS}
     for split, problems in splits.items():
         write_jsonl(problems, cache_dir() / f"{split}.jsonl")
         print(f"{split}: {len(problems)} problems -> {cache_dir() / f'{split}.jsonl'}")
+    record_source(GSM8K_REPO)
 
 
 def check() -> str | None:
@@ -304,12 +330,12 @@ def check() -> str | None:
     for split in SPLITS:
         path = cache_dir() / f"{split}.jsonl"
         if not path.is_file():
-            return (f"GSM8K {split} split missing at {path}: run `python prepare.py` in grpo/ "
-                    "(offline: `python prepare.py --source DIR`, e.g. ../../shared/data/gsm8k)")
+            return (f"GSM8K {split} split missing at {path}: run `uv run prepare.py` in grpo/ "
+                    "(offline: `uv run prepare.py --source DIR`, e.g. ../../shared/data/gsm8k)")
         try:
             read_jsonl(path)
         except (OSError, ValueError) as e:
-            return f"{path} is unusable ({e}): run `python prepare.py` (or `--source DIR`) again"
+            return f"{path} is unusable ({e}): run `uv run prepare.py` (or `--source DIR`) again"
     return None
 
 
@@ -571,7 +597,7 @@ def preflight_verdict(report: PreflightReport) -> str | None:
         f"  - model path: AUTORESEARCH_GRPO_MODEL / BASE_MODEL = {model_name()!r} is not the intended "
         "instruction-tuned model\n"
         "  - data: the task may be far too hard for this model (e.g. a tiny test model on real GSM8K)\n"
-        "Not starting the loop: fix the cause, then run `python prepare.py --preflight` again."
+        "Not starting the loop: fix the cause, then run `uv run prepare.py --preflight` again."
     )
 
 
@@ -603,6 +629,7 @@ if __name__ == "__main__":
     parser.add_argument("--source", type=Path, help="directory with train.jsonl and test.jsonl in GSM8K format")
     parser.add_argument("--check", action="store_true", help="exit 0 if the prepared data is usable")
     parser.add_argument("--preflight", action="store_true", help="exit 0 if the base model's reward signal is healthy")
+    parser.add_argument("--force", action="store_true", help="replace data prepared from another source")
     args = parser.parse_args()
     if args.check:
         message = check()
@@ -613,6 +640,6 @@ if __name__ == "__main__":
     if args.preflight:
         sys.exit(preflight())
     if args.source:
-        import_source(args.source)
+        import_source(args.source, args.force)
     else:
-        download()
+        download(args.force)

@@ -10,7 +10,7 @@ chance-level, non-degenerate rewards that GRPO can improve. With --warm-start-st
 and the preflight gate must refuse it on GSM8K. The tests import these functions.
 
 Usage (cwd = grpo/):
-    python tiny.py --out /tmp/grpo-tiny     # -> /tmp/grpo-tiny/model and /tmp/grpo-tiny/sums/{train,test}.jsonl
+    uv run tiny.py --out /tmp/grpo-tiny     # -> /tmp/grpo-tiny/model and /tmp/grpo-tiny/sums/{train,test}.jsonl
 """
 
 import argparse
@@ -130,4 +130,4 @@ if __name__ == "__main__":
     args = parser.parse_args()
     model_dir, task_dir = make_tiny(args.out, args.warm_start_steps, args.seed)
     print(f"model: {model_dir}\ntask:  {task_dir}\n"
-          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; python prepare.py --source {task_dir}")
+          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; uv run prepare.py --source {task_dir}")

@@ -187,7 +187,7 @@ def test_check_then_source_then_check(tmp_path):
     env = _env(tmp_path / "cache")
     before = _run(["prepare.py", "--check"], env)
     assert before.returncode == 1
-    assert "python prepare.py --source DIR`, e.g. ../../shared/data/gsm8k" in before.stderr
+    assert "uv run prepare.py --source DIR`, e.g. ../../shared/data/gsm8k" in before.stderr
     assert len(before.stderr.strip().splitlines()) == 1
     imported = _run(["prepare.py", "--source", str(GSM8K)], env)
     assert imported.returncode == 0, imported.stderr
@@ -198,6 +198,18 @@ def test_check_then_source_then_check(tmp_path):
     subset = prepare.eval_problems()
     assert len(subset) == 500 and len({p.question for p in subset}) == 500
     assert [p.question for p in subset] == [p.question for p in prepare.eval_problems()]
+
+
+def test_another_source_is_refused_without_force(tiny_dir, tmp_path):
+    env = _env(tmp_path / "cache")
+    assert _run(["prepare.py", "--source", str(GSM8K)], env).returncode == 0
+    again = _run(["prepare.py", "--source", str(GSM8K)], env)  # the same source again is fine
+    assert again.returncode == 0
+    other = _run(["prepare.py", "--source", str(tiny_dir / "sums")], env)
+    assert other.returncode == 1 and "--force" in other.stderr and "AUTORESEARCH_CACHE" in other.stderr
+    assert len(prepare.load_problems("test")) == 1319  # untouched
+    forced = _run(["prepare.py", "--source", str(tiny_dir / "sums"), "--force"], env)
+    assert forced.returncode == 0 and len(prepare.load_problems("test")) == 100
 
 
 def test_source_rejects_bad_rows(tmp_path):
@@ -245,7 +257,7 @@ def test_download_from_hub(hub):
     assert len(prepare.load_problems("train")) == 7473 and len(test) == 1319
     first = json.loads((GSM8K / "test.jsonl").read_text().splitlines()[0])
     assert (test[0].question, test[0].answer, test[0].gold) == (first["question"], first["answer"], 18)
-    assert sorted(p.name for p in prepare.cache_dir().iterdir()) == ["test.jsonl", "train.jsonl"]
+    assert sorted(p.name for p in prepare.cache_dir().iterdir()) == ["source.json", "test.jsonl", "train.jsonl"]  # no temp files left
 
 
 def test_download_errors_name_the_offline_fix(hub, capsys):
