@@ -135,10 +135,11 @@ class Prepared:
     profile: Profile
     data_dir: Path     # parquet shards with a `text` column
     val_name: str      # file name of the held-out split inside data_dir
+    tokenizer_path: Path | None = None  # set while prepare.py builds a new tokenizer beside the current one
 
     @property
     def tokenizer_dir(self):
-        return self.root / "tokenizer"
+        return self.tokenizer_path or self.root / "tokenizer"
 
     @property
     def max_seq_len(self):
@@ -312,8 +313,9 @@ def read_source_file(path, doc_chars):
         raw = path.read_bytes()
         text = raw.decode("utf-8", errors="replace")
         replaced = text.count("\ufffd") - raw.count("\ufffd".encode())
-        if replaced > MAX_REPLACED_FRACTION * max(1, len(text)):
-            raise PrepareError(f"{path}: {replaced} undecodable bytes, this is not UTF-8 text; convert it (e.g. `iconv -f latin1 -t utf-8`) or remove it")
+        if replaced + text.count("\x00") > MAX_REPLACED_FRACTION * max(1, len(text)):  # NUL bytes: a binary file
+            raise PrepareError(f"{path}: {replaced} undecodable bytes and {text.count(chr(0))} NUL bytes: this is not UTF-8 "
+                               f"text. A binary file: remove it; text in another encoding: convert it (e.g. `iconv -f latin1 -t utf-8`)")
         return split_text(text, doc_chars), replaced
     if suffix == ".jsonl":
         docs = []
@@ -655,7 +657,12 @@ def evaluate_bpb(model, tokenizer, batch_size, prepared=None):
 
 
 def prepare(dataset, source, profile, num_shards, workers, force, root=None, base_url=CLIMBMIX_URL, backoff=2.0):
-    """Download or convert the data, train the tokenizer, check the val split, write prepared.json."""
+    """Download or convert the data, train the tokenizer, check the val split, write prepared.json.
+
+    New data and a new tokenizer are built beside the current ones (`*.new`) and swapped in only once
+    everything checked out, so a failed run (bad input, too little text, a full disk) leaves the data
+    prepared earlier usable. Raises PrepareError (and OfflineError, OSError) with the fix in the message.
+    """
     root = Path(root) if root is not None else cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     if source is not None:
@@ -663,6 +670,7 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     else:
         source_id = base_url if dataset == "climbmix" else TINYSTORIES_URL
     meta_path = _meta_path(root)
+    same = False
     if meta_path.exists():
         try:
             old = json.loads(meta_path.read_text())
@@ -676,48 +684,64 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
         if same and not force and dataset != "climbmix":
             print(f"Already prepared: {dataset} data with profile {profile.name!r} in {root} (--force to redo)")
             return load_prepared(root)
-        if not same or force:
-            meta_path.unlink()
-            shutil.rmtree(root / "tokenizer", ignore_errors=True)
     print(f"Cache: {root}   profile: {profile.name} (MAX_SEQ_LEN={profile.max_seq_len}, "
           f"EVAL_TOKENS={profile.eval_tokens}, VOCAB_SIZE={profile.vocab_size})")
 
-    counts = {}
-    if dataset == "climbmix":
-        data_dir, val_name = root / "data" / "climbmix", VAL_SHARD_NAME
-        download_climbmix(data_dir, num_shards, workers, base_url=base_url, backoff=backoff)
-    else:
-        if dataset == "tinystories":
-            downloads = root / "downloads"
-            downloads.mkdir(parents=True, exist_ok=True)
-            print("Data: downloading karpathy/tinystories-gpt4-clean")
-            files = [download_file(TINYSTORIES_URL, downloads / "tinystories_gpt4_clean.parquet", backoff=backoff)]
+    staged_data = staged_tokenizer = None
+    try:
+        counts = {}
+        if dataset == "climbmix":  # downloads are validated file by file and shared by every climbmix profile
+            data_dir, val_name = root / "data" / "climbmix", VAL_SHARD_NAME
+            download_climbmix(data_dir, num_shards, workers, base_url=base_url, backoff=backoff)
         else:
-            files = source_files(source)
-        data_dir, val_name = root / "data" / dataset, LOCAL_VAL_NAME
-        print(f"Data: converting {len(files)} file(s) -> {data_dir}")
-        counts = convert_source(files, data_dir, profile.doc_chars)
-    prepared = Prepared(root, dataset, source_id, profile, data_dir, val_name)
+            if dataset == "tinystories":
+                downloads = root / "downloads"
+                downloads.mkdir(parents=True, exist_ok=True)
+                print("Data: downloading karpathy/tinystories-gpt4-clean")
+                files = [download_file(TINYSTORIES_URL, downloads / "tinystories_gpt4_clean.parquet", backoff=backoff)]
+            else:
+                files = source_files(source)
+            data_dir, val_name = root / "data" / dataset, LOCAL_VAL_NAME
+            staged_data = root / "data" / f"{dataset}.new"
+            print(f"Data: converting {len(files)} file(s) -> {data_dir}")
+            counts = convert_source(files, staged_data, profile.doc_chars)
+        reuse_tokenizer = same and not force  # climbmix re-run that only adds shards
+        staged_tokenizer = None if reuse_tokenizer else root / "tokenizer.new"
+        staged = Prepared(root, dataset, source_id, profile, staged_data or data_dir, val_name, staged_tokenizer)
+        if reuse_tokenizer:
+            print(f"Tokenizer: already trained at {staged.tokenizer_dir}")
+        else:
+            shutil.rmtree(staged_tokenizer, ignore_errors=True)
+            train_tokenizer(staged)
 
-    if not (prepared.tokenizer_dir / "tokenizer.pkl").exists() or not (prepared.tokenizer_dir / "token_bytes.pt").exists():
-        train_tokenizer(prepared)
-    else:
-        print(f"Tokenizer: already trained at {prepared.tokenizer_dir}")
+        # The evaluator must score fresh text only: make sure the val split holds EVAL_TOKENS without wrapping.
+        tokenizer = Tokenizer.from_directory(staged.tokenizer_dir)
+        loader = make_dataloader(tokenizer, 1, profile.max_seq_len, "val", prepared=staged)
+        for _ in range(profile.eval_tokens // profile.max_seq_len):
+            _, _, epoch = next(loader)
+            if epoch > 1:
+                raise PrepareError(f"the validation split is smaller than EVAL_TOKENS={profile.eval_tokens} of profile "
+                                   f"{profile.name!r}: add more text or choose a profile with fewer eval tokens")
 
-    # The evaluator must score fresh text only: make sure the val split holds EVAL_TOKENS without wrapping.
-    tokenizer = Tokenizer.from_directory(prepared.tokenizer_dir)
-    loader = make_dataloader(tokenizer, 1, profile.max_seq_len, "val", prepared=prepared)
-    for _ in range(profile.eval_tokens // profile.max_seq_len):
-        _, _, epoch = next(loader)
-        if epoch > 1:
-            raise PrepareError(f"the validation split is smaller than EVAL_TOKENS={profile.eval_tokens} of profile "
-                               f"{profile.name!r}: add more text or choose a profile with fewer eval tokens")
+        # Swap in. Between the unlink and the new record train.py finds no prepared data, never a mix.
+        meta_path.unlink(missing_ok=True)
+        if staged_data is not None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            staged_data.rename(data_dir)
+        if staged_tokenizer is not None:
+            shutil.rmtree(root / "tokenizer", ignore_errors=True)
+            staged_tokenizer.rename(root / "tokenizer")
+    finally:
+        for leftover in (staged_data, staged_tokenizer):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
     meta = {"dataset": dataset, "source": source_id, "profile": profile.name, "data_dir": str(data_dir.relative_to(root)),
             "val_name": val_name, "max_seq_len": profile.max_seq_len, "eval_tokens": profile.eval_tokens,
-            "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars, "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts}
+            "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars,
+            "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts}
     _write_atomic(meta_path, json.dumps(meta, indent=2).encode())
     print(f"Done: {dataset} data with profile {profile.name!r} ready in {root}. Next: uv run train.py")
-    return prepared
+    return load_prepared(root)
 
 
 def main(argv=None):

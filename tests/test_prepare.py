@@ -375,3 +375,26 @@ def test_disk_full_names_the_fix(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "disk full while writing" in err and "AUTORESEARCH_CACHE" in err
     assert not (tmp_path / "prepared.json").exists()
+
+
+def test_failed_force_leaves_the_previous_cache_usable(tmp_path):
+    good = P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), TINY, 1, 1, False, root=tmp_path)
+    before = (good.tokenizer_dir / "tokenizer.pkl").read_bytes()
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("café naïve déjà vu ".encode("latin-1") * 50)
+    with pytest.raises(P.PrepareError, match="not UTF-8"):
+        P.prepare("climbmix", str(bad), P.PROFILES["cpu"], 1, 1, True, root=tmp_path)
+    # a profile the text cannot support fails after the tokenizer step: still nothing replaced
+    with pytest.raises(P.PrepareError, match="validation split is smaller"):
+        P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), P.PROFILES["cpu"], 1, 1, True, root=tmp_path)
+    after = P.load_prepared(tmp_path)
+    assert after.profile == TINY and (after.tokenizer_dir / "tokenizer.pkl").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["local"]  # no staging left behind
+    assert not (tmp_path / "tokenizer.new").exists()
+
+
+def test_binary_file_is_not_text(tmp_path):
+    f = tmp_path / "program.txt"
+    f.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(4000) + b"some strings inside")
+    with pytest.raises(P.PrepareError, match="NUL bytes: this is not UTF-8 text. A binary file: remove it"):
+        P.read_source_file(f, 4000)
