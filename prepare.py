@@ -18,6 +18,7 @@ so every train.py run on this cache is scored the same way.
 
 import argparse
 import errno
+import itertools
 import json
 import math
 import os
@@ -500,19 +501,16 @@ def get_token_bytes(device="cpu", prepared=None):
 
 
 def _document_batches(paths, batch_size=128):
-    """Infinite iterator of (list[str], epoch) over the parquet files, epoch counting from 1."""
+    """Infinite iterator of (list[str], epoch) over the non-empty documents of the parquet files, epoch from 1."""
     epoch = 1
     while True:
-        yielded = False
-        for path in paths:
-            pf = pq.ParquetFile(path)
-            for rg in range(pf.num_row_groups):
-                texts = [t for t in pf.read_row_group(rg, columns=["text"]).column("text").to_pylist() if t]
-                for i in range(0, len(texts), batch_size):
-                    yielded = True
-                    yield texts[i:i + batch_size], epoch
-        if not yielded:
+        texts = (t for t in _iter_texts(paths) if t)
+        batch = list(itertools.islice(texts, batch_size))
+        if not batch and epoch == 1:
             raise PrepareError(f"no documents in {', '.join(p.name for p in paths)}: the split is empty, re-run prepare.py with more text")
+        while batch:
+            yield batch, epoch
+            batch = list(itertools.islice(texts, batch_size))
         epoch += 1
 
 

@@ -85,7 +85,7 @@ else:
     # Measure both and train in the faster one; MFU is then relative to that dtype's measured peak.
     fp32_flops, bf16_flops = measure_matmul_flops(torch.float32), measure_matmul_flops(torch.bfloat16)
     DTYPE = torch.bfloat16 if bf16_flops > 1.5 * fp32_flops else torch.float32
-    PEAK_FLOPS = max(fp32_flops, bf16_flops) if DTYPE == torch.bfloat16 else fp32_flops
+    PEAK_FLOPS = bf16_flops if DTYPE == torch.bfloat16 else fp32_flops
     PEAK_SOURCE = f"measured matmul (cpu, {torch.get_num_threads()} threads)"
 
 autocast = torch.autocast(DEVICE.type, dtype=DTYPE, enabled=DTYPE != torch.float32)
