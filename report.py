@@ -11,13 +11,11 @@ Usage:
     options: --events PATH  --png PATH  --goal min|max
 
 Direction of the metric: --goal wins; else METRIC_GOAL from prepare.py next to results.tsv (read with ast,
-never imported, like agent.py does); else guessed from the metric's name in the header (val_bpb -> min,
+never imported, by the same reader as agent.py); else guessed from the metric's name in the header (val_bpb -> min,
 pass@1 -> max).
 """
 
 import argparse
-import ast
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -26,140 +24,37 @@ from pathlib import Path
 from matplotlib.figure import Figure  # the object API needs no pyplot backend: safe headless and in Jupyter
 from matplotlib.ticker import MaxNLocator
 
-STATUSES = ("keep", "discard", "crash")
-HEADER_HINT = "commit<TAB><metric><TAB>memory_gb<TAB>status<TAB>description"
+# the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
+from harness.ledger import (STATUSES, Results, Row, experiment_events, load_results, read_events,  # noqa: F401
+                            select_tag)
+from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
 # Loading (tolerant: the agent may be appending while we read)
 # ---------------------------------------------------------------------------
 
-@dataclass
-class Row:
-    commit: str
-    metric: float       # as written: 0.000000 on a crash, so tell crashes apart by status, never by value
-    memory_gb: float
-    status: str         # keep | discard | crash
-    description: str
-
-
-@dataclass
-class Results:
-    path: Path
-    metric_name: str    # the header's second column, e.g. "val_bpb" or "pass@1"
-    rows: list          # list[Row] in file order; rows[0] is the baseline
-    skipped: list       # raw lines left out as malformed, e.g. a partial last line still being written
-
-
-def load_results(path):
-    """Read a results.tsv. Columns are found by header name, so extra columns anywhere are ignored.
-
-    Blank and malformed lines (too few fields, unknown status, unparseable metric) are skipped and listed in
-    Results.skipped. Raises FileNotFoundError when the file is missing and ValueError when the first line is
-    not a results.tsv header (both messages name the fix).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such results file. Run the agent first (uv run agent.py --tag <tag>) "
-                                f"or pass the path of a results.tsv, e.g. results.tsv.example")
-    # split on "\n" only: splitlines() would also break a row at characters like U+2028 inside a description
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
-    lines = [line.rstrip("\r") for line in text.split("\n")] if text else []
-    header = lines[0].split("\t") if lines else []
-    if len(header) < 2 or header[0] != "commit" or "status" not in header:
-        got = repr(lines[0][:80]) if lines else "an empty file"
-        raise ValueError(f"{path}: expected a results.tsv header '{HEADER_HINT}', got {got}. "
-                         f"Pass the results.tsv the agent wrote in the target folder")
-    col = {name: i for i, name in enumerate(header)}
-    rows, skipped = [], []
-    for line in lines[1:]:
-        if not line.strip():
-            continue
-        row = _parse_row(line.split("\t"), col)
-        if row is None:
-            skipped.append(line)
-        else:
-            rows.append(row)
-    return Results(path=path, metric_name=header[1], rows=rows, skipped=skipped)
-
-
-def _parse_row(fields, col):
-    """One Row, or None when the line is malformed (a line cut short while being written ends up here)."""
-    def field(name, default=""):
-        i = col.get(name)
-        return fields[i].strip() if i is not None and i < len(fields) else default
-    status = field("status")
-    if status not in STATUSES:
-        return None
-    try:
-        metric = float(fields[1])
-        memory_gb = float(field("memory_gb", "0") or 0)
-    except ValueError:
-        return None
-    return Row(commit=fields[0].strip(), metric=metric, memory_gb=memory_gb, status=status,
-               description=field("description"))
-
-
 def load_events(path):
-    """Read events.jsonl into a list of dicts. Lines that are not a JSON object (a partial last line) are
-    skipped. Raises FileNotFoundError naming the fix when the file is missing."""
-    path = Path(path)
-    if not path.is_file():
+    """Every event of an events.jsonl (harness.ledger.read_events: a cut last line is skipped). Raises
+    FileNotFoundError naming the fix when the file is missing."""
+    if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such events file. The agent writes events.jsonl next to "
                                 f"results.tsv; pass its path with --events")
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
-
-
-def experiment_events(events, tag=None):
-    """The "experiment" events (one per finished training run), optionally only those of one tag."""
-    return [e for e in events if e.get("event") == "experiment" and (tag is None or e.get("tag") == tag)]
-
-
-def select_tag(rows, events, tag):
-    """The rows of run `tag`, matched to its experiment events by commit.
-
-    Matching walks both lists backwards and only moves back in the file, so when two runs started from the
-    same commit (same baseline commit), each run's baseline pairs with the row written just before its own
-    experiments. Raises ValueError listing the tags present when `tag` has no experiment event.
-    """
-    wanted = experiment_events(events, tag)
-    if not wanted:
-        tags = sorted({str(e.get("tag")) for e in experiment_events(events)})
-        raise ValueError(f"no experiment events for tag {tag!r}; tags in the events file: {', '.join(tags) or 'none'}")
-    picked, i = [], len(rows) - 1
-    for event in reversed(wanted):
-        j = i
-        while j >= 0 and rows[j].commit != event.get("commit"):
-            j -= 1
-        if j >= 0:
-            picked.append(rows[j])
-            i = j - 1
-    return picked[::-1]
+    return read_events(path)
 
 # ---------------------------------------------------------------------------
 # Direction of the metric
 # ---------------------------------------------------------------------------
 
 def read_goal(target_dir):
-    """METRIC_GOAL ("min" or "max") from target_dir/prepare.py, read with ast; None when there is no
-    prepare.py or it declares no METRIC_GOAL. Raises ValueError on any other value."""
+    """METRIC_GOAL ("min" or "max") from target_dir/prepare.py, read with ast (harness.target.read_literals); None
+    when there is no prepare.py or it declares no METRIC_GOAL. Raises ValueError on any other value."""
     path = Path(target_dir) / "prepare.py"
     if not path.is_file():
         return None
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "METRIC_GOAL" for t in node.targets):
-            goal = ast.literal_eval(node.value)
-            if goal not in ("min", "max"):
-                raise ValueError(f"{path}: METRIC_GOAL must be 'min' or 'max', got {goal!r}")
-            return goal
-    return None
+    goal = read_literals(path).get("METRIC_GOAL")
+    if goal is not None and goal not in ("min", "max"):
+        raise ValueError(f"{path}: METRIC_GOAL must be 'min' or 'max', got {goal!r}")
+    return goal
 
 
 def infer_goal(metric_name):

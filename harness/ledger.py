@@ -1,0 +1,243 @@
+"""
+HARNESS: the ledger. Owns the two record formats and every read and write of them:
+  results.tsv   karpathy's 5 columns, one row per experiment (commit, metric, memory_gb, status, description)
+  events.jsonl  one JSON object per line: everything else (tokens and cost, timings, repairs, crash log tails)
+Events are the source of truth and are written first; a row is derived from its "experiment" event. agent.py
+writes through this module and report.py and analysis.ipynb read through it. Appends only: it never rewrites,
+truncates or deletes either file, and it never touches git.
+
+Order of operations for experiment n, and what a restart after SIGKILL at each point finds and does:
+  1. "candidate" event (with the blob sha of the new train.py), write train.py
+       -> train.py dirty with a blob we wrote: restored from the best commit
+  2. git commit on the branch, candidate ref, "commit" event
+       -> branch tip is a known candidate, no "experiment" event for n: branch reset to the best commit
+  3. "run" event (with the process group id), train, "run_end" event
+       -> same, plus: a training group still alive is killed, a frozen file it changed is restored
+  4. "experiment" event  (the experiment happened: from here on it counts)
+  5. results.tsv row     -> if the kill hit between 4 and 5, the row is appended on restart (missing_row)
+  6. discard/crash: reset to the best commit -> the tip is still the candidate: reset on restart
+n is the number of the tag's "experiment" events, so an interrupted experiment is simply redone (its commit stays
+reachable under refs/autoresearch/<tag>/), and no row is ever duplicated or lost.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+from pathlib import Path
+
+from harness.redact import redact
+
+RESULTS, EVENTS = "results.tsv", "events.jsonl"
+STATUSES = ("keep", "discard", "crash")
+HEADER_HINT = "commit<TAB><metric><TAB>memory_gb<TAB>status<TAB>description"
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def results_header(metric):
+    """karpathy's header line for a metric, e.g. commit<TAB>val_bpb<TAB>memory_gb<TAB>status<TAB>description."""
+    return f"commit\t{metric}\tmemory_gb\tstatus\tdescription"
+
+
+def results_row(event):
+    """karpathy's 5 columns from an "experiment" event: 7-char commit, metric (6 decimals), memory_gb
+    (1 decimal), status, description."""
+    return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
+            f"{event['description']}")
+
+
+def append_line(path, line):
+    """Append one line and fsync: a row or event is on disk before the next step starts."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def log_event(path, tag, event, **fields):
+    """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
+    Returns the record (unredacted dict)."""
+    record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": event, "tag": tag, **fields}
+    append_line(path, redact(json.dumps(record)))
+    return record
+
+
+def end_with_newline(path):
+    """A line cut by a power loss mid-write must not swallow the next one appended after it."""
+    if path.exists() and path.stat().st_size and not path.read_text(encoding="utf-8").endswith("\n"):
+        append_line(path, "")
+
+
+def ensure_results_header(path, metric):
+    """Write karpathy's header to a missing or empty results.tsv; ValueError if an existing header differs."""
+    header = results_header(metric)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if not text.strip():
+        append_line(path, header)
+        return
+    if text.splitlines()[0] != header:
+        raise ValueError(f"{path} starts with {text.splitlines()[0]!r}, not {header!r}: it belongs to another "
+                         "metric; move it away or use the right --target")
+    end_with_newline(path)
+
+
+def missing_row(results_path, all_events, event):
+    """True if `event`'s row is missing from results.tsv. Events are written before rows, so each row text
+    occurs at most as often as events (of any tag) that produce it; fewer means the last append was lost."""
+    row = results_row(event)
+    rows = results_path.read_text(encoding="utf-8").splitlines() if results_path.exists() else []
+    made = sum(1 for e in all_events if e.get("event") == "experiment" and results_row(e) == row)
+    return rows.count(row) < made
+
+# ---------------------------------------------------------------------------
+# Reading (tolerant: the agent may be appending while we read)
+# ---------------------------------------------------------------------------
+
+
+def read_events(path):
+    """Every event of an events.jsonl as a dict, in order; [] when the file does not exist. A line that is not a
+    JSON object (one cut by a kill mid-write) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def experiment_events(events, tag=None):
+    """The "experiment" events (one per finished experiment), optionally only those of one tag."""
+    return [e for e in events if e.get("event") == "experiment" and (tag is None or e.get("tag") == tag)]
+
+
+@dataclasses.dataclass
+class Row:
+    commit: str
+    metric: float       # as written: 0.000000 on a crash, so tell crashes apart by status, never by value
+    memory_gb: float
+    status: str         # keep | discard | crash
+    description: str
+
+
+@dataclasses.dataclass
+class Results:
+    path: Path
+    metric_name: str    # the header's second column, e.g. "val_bpb" or "pass@1"
+    rows: list          # list[Row] in file order; rows[0] is the baseline
+    skipped: list       # raw lines left out as malformed, e.g. a partial last line still being written
+
+
+def load_results(path):
+    """Read a results.tsv. Columns are found by header name, so extra columns anywhere are ignored.
+
+    Blank and malformed lines (too few fields, unknown status, unparseable metric) are skipped and listed in
+    Results.skipped. Raises FileNotFoundError when the file is missing and ValueError when the first line is
+    not a results.tsv header (both messages name the fix).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such results file. Run the agent first (uv run agent.py --tag <tag>) "
+                                f"or pass the path of a results.tsv, e.g. results.tsv.example")
+    # split on "\n" only: splitlines() would also break a row at characters like U+2028 inside a description
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    lines = [line.rstrip("\r") for line in text.split("\n")] if text else []
+    header = lines[0].split("\t") if lines else []
+    if len(header) < 2 or header[0] != "commit" or "status" not in header:
+        got = repr(lines[0][:80]) if lines else "an empty file"
+        raise ValueError(f"{path}: expected a results.tsv header '{HEADER_HINT}', got {got}. "
+                         f"Pass the results.tsv the agent wrote in the target folder")
+    col = {name: i for i, name in enumerate(header)}
+    rows, skipped = [], []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        row = _parse_row(line.split("\t"), col)
+        if row is None:
+            skipped.append(line)
+        else:
+            rows.append(row)
+    return Results(path=path, metric_name=header[1], rows=rows, skipped=skipped)
+
+
+def _parse_row(fields, col):
+    """One Row, or None when the line is malformed (a line cut short while being written ends up here)."""
+    def field(name, default=""):
+        i = col.get(name)
+        return fields[i].strip() if i is not None and i < len(fields) else default
+    status = field("status")
+    if status not in STATUSES:
+        return None
+    try:
+        metric = float(fields[1])
+        memory_gb = float(field("memory_gb", "0") or 0)
+    except ValueError:
+        return None
+    return Row(commit=fields[0].strip(), metric=metric, memory_gb=memory_gb, status=status,
+               description=field("description"))
+
+
+def select_tag(rows, events, tag):
+    """The rows of run `tag`, matched to its experiment events by commit.
+
+    Matching walks both lists backwards and only moves back in the file, so when two runs started from the
+    same commit (same baseline commit), each run's baseline pairs with the row written just before its own
+    experiments. Raises ValueError listing the tags present when `tag` has no experiment event.
+    """
+    wanted = experiment_events(events, tag)
+    if not wanted:
+        tags = sorted({str(e.get("tag")) for e in experiment_events(events)})
+        raise ValueError(f"no experiment events for tag {tag!r}; tags in the events file: {', '.join(tags) or 'none'}")
+    picked, i = [], len(rows) - 1
+    for event in reversed(wanted):
+        j = i
+        while j >= 0 and rows[j].commit != event.get("commit"):
+            j -= 1
+        if j >= 0:
+            picked.append(rows[j])
+            i = j - 1
+    return picked[::-1]
+
+# ---------------------------------------------------------------------------
+# Resume: what a tag's events say about where it stands
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TagState:
+    """A tag's position rebuilt from its events (see the order of operations in the module docstring)."""
+    history: list           # the tag's "experiment" events, in order (the baseline is n = 0)
+    kept: list              # those with status keep
+    candidate_blobs: set    # git blob shas of every train.py the tag wrote
+    cost_usd: float         # LLM spend and tokens so far (the "propose" events)
+    input_tokens: int
+    output_tokens: int
+    pending: list           # the events after the tag's last finished experiment: an interrupted iteration
+    stale_pgid: int | None  # the process group of a training run started but not ended in that iteration
+
+
+def tag_state(all_events, tag):
+    """The TagState of `tag` from every event of the file."""
+    mine = [e for e in all_events if e.get("tag") == tag]
+    history = [e for e in mine if e.get("event") == "experiment"]
+    proposals = [e for e in mine if e.get("event") == "propose"]
+    last_done = max((i for i, e in enumerate(mine) if e.get("event") in ("experiment", "cleaned", "stop")),
+                    default=-1)
+    pending = mine[last_done + 1:]
+    runs = [e for e in pending if e.get("event") == "run"]
+    in_flight = bool(runs) and not any(e.get("event") == "run_end" and e.get("n") == runs[-1]["n"]
+                                       and e.get("attempt") == runs[-1]["attempt"] for e in pending)
+    return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
+                    candidate_blobs={e["blob"] for e in mine if e.get("event") == "candidate"},
+                    cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
+                    input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
+                    output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
+                    pending=pending, stale_pgid=runs[-1]["pgid"] if in_flight else None)

@@ -1,0 +1,125 @@
+"""
+HARNESS: the proposers without an LLM. `random` and `grid` perturb one UPPER_CASE numeric constant of train.py
+(in the `if PROFILE == ...` branch that actually runs) and answer in the LLM's own format, so their answers take
+the same path through edits.apply_answer. Pure text in, text out: never touches files, git or the ledger.
+"""
+
+import ast
+import random
+import re
+
+from harness.errors import Stop
+
+def profile_branch(node, profile):
+    """The statements of `if PROFILE == "a": ... elif PROFILE == "b": ... else: ...` that run for profile,
+    or None when node is not such a chain (prepare.py --check reports the profile; see open_session)."""
+    while True:
+        test = node.test
+        if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "PROFILE"
+                and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.comparators[0], ast.Constant) and isinstance(test.comparators[0].value, str)):
+            return None
+        if test.comparators[0].value == profile:
+            return node.body
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node = node.orelse[0]
+            continue
+        return node.orelse
+
+
+def active_statements(body, profile):
+    """Module-level statements, with `if PROFILE == ...` chains replaced by the branch that runs for profile."""
+    for node in body:
+        branch = profile_branch(node, profile) if isinstance(node, ast.If) and profile else None
+        yield from (active_statements(branch, profile) if branch is not None else [node])
+
+
+def numeric_constants(source, profile=None):
+    """`NAME = <number>` assignments of train.py that can be perturbed: at module level, or in the branch of an
+    `if PROFILE == "<name>":` chain that runs for profile (the device class prepare.py prepared for).
+
+    Returns a list of (name, snippet, (start, end), value, kind): snippet is the assignment's line, preceded by
+    as many lines as make it unique in the file; start:end the UTF-8 byte span of the literal in its last line;
+    kind one of "int", "pow2" (written as 2**k), "float". bools, strings, zeros, negative numbers and computed
+    values are left alone."""
+    lines = source.splitlines(keepends=True)
+    found = []
+    for node in active_statements(ast.parse(source).body, profile):
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if not (isinstance(target, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", target.id) and value is not None):
+            continue
+        if node.lineno != node.end_lineno:
+            continue
+        if isinstance(value, ast.Constant) and type(value.value) in (int, float) and value.value > 0:
+            number, kind = value.value, type(value.value).__name__
+        elif (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow)
+              and all(isinstance(v, ast.Constant) and type(v.value) is int for v in (value.left, value.right))
+              and value.left.value == 2 and value.right.value >= 0):
+            number, kind = value.right.value, "pow2"
+        else:
+            continue
+        first = node.lineno - 1  # widen upwards until the snippet occurs once (e.g. HEAD_DIM in two branches)
+        while first > 0 and source.count("".join(lines[first:node.lineno])) != 1:
+            first -= 1
+        snippet = "".join(lines[first:node.lineno])
+        if source.count(snippet) != 1:
+            continue
+        found.append((target.id, snippet, (value.col_offset, value.end_col_offset), number, kind))
+    return found
+
+
+def moves(number, kind, wide):
+    """New literal texts for one constant: powers of two stay powers of two, ints stay ints (>= 1), floats are
+    scaled (values in (0.5, 1) scale their distance to 1, so betas and ratios stay below 1). wide=False gives the
+    grid's two single steps (down, up); wide=True the random proposer's broader choice."""
+    if kind == "pow2":
+        return [f"2**{k}" for k in (number - 1, number + 1) if k >= 0]
+    if kind == "int":
+        if number & (number - 1) == 0:
+            candidates = [number // 2, number * 2] + ([number // 4, number * 4] if wide else [])
+        else:
+            factors = (0.5, 0.75, 1.25, 1.5, 2.0) if wide else (0.75, 1.25)
+            candidates = [max(1, round(number * f)) for f in factors]
+        return list(dict.fromkeys(str(c) for c in candidates if c >= 1 and c != number))
+    factors = (0.5, 0.7, 1.4, 2.0) if wide else (0.5, 2.0)
+    if 0.5 < number < 1:
+        candidates = [1 - (1 - number) * f for f in factors]
+    else:
+        candidates = [number * f for f in factors]
+    texts = []
+    for c in candidates:
+        text = f"{c:.4g}"
+        text = text if any(ch in text for ch in ".e") else text + ".0"
+        if float(text) != number and text not in texts:
+            texts.append(text)
+    return texts
+
+
+def perturb(train_src, proposer, n, seed, tag, profile=None):
+    """The random/grid proposer: an answer in the LLM's format changing one UPPER_CASE constant.
+
+    random: a seeded choice per experiment n (reproducible on resume); grid: the (n-1)-th single step of a sweep
+    over every constant, down then up. profile selects the `if PROFILE == ...` branch (see numeric_constants).
+    Raises Stop when train.py has no constant to perturb."""
+    options = [(name, line, span, new) for name, line, span, number, kind in numeric_constants(train_src, profile)
+               for new in moves(number, kind, wide=proposer == "random")]
+    if not options:
+        raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for "
+                   f"--proposer {proposer} to perturb; use an LLM proposer")
+    if proposer == "random":
+        rng = random.Random(f"{seed}:{tag}:{n}")
+        name = rng.choice(sorted({o[0] for o in options}))
+        name, line, (start, end), new = rng.choice([o for o in options if o[0] == name])
+    else:
+        name, line, (start, end), new = options[(n - 1) % len(options)]
+    context, last = line[:line.rstrip("\n").rfind("\n") + 1], line[line.rstrip("\n").rfind("\n") + 1:]
+    raw = last.encode()
+    old, replaced = raw[start:end].decode(), context + (raw[:start] + new.encode() + raw[end:]).decode()
+    return (f"DESCRIPTION: {proposer}: {name} {old} -> {new}\n"
+            f"<<<<<<< SEARCH\n{line}=======\n{replaced}>>>>>>> REPLACE\n")
+

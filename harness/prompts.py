@@ -1,0 +1,86 @@
+"""
+HARNESS: every word the LLM reads. The prompt templates (system prompt, proposal, crash fix, repair) and the
+history table they carry. Pure text: never touches files, git or the network.
+"""
+
+import collections
+
+from harness.ledger import results_row
+
+HISTORY_ROWS = 60               # newer rows shown in full; older ones are summarised
+
+SYSTEM_PROMPT = """\
+You are an autonomous ML researcher. You improve a training script, train.py, one experiment at a time.
+Each experiment trains for a fixed time budget of {budget:g} seconds and is judged by {metric}
+({goal} is better), computed by the frozen evaluation in prepare.py. An edit is kept only if it strictly
+improves {metric}; otherwise it is reverted. Only train.py may change: prepare.py and its evaluation are
+read-only, and train.py must not write to any file but its own outputs.
+
+Answer with exactly one idea, in this plain-text format and nothing else:
+
+DESCRIPTION: <one short line saying what you changed, e.g. "raise matrix LR to 0.05">
+<<<<<<< SEARCH
+<lines copied exactly from the current train.py>
+=======
+<the lines that replace them>
+>>>>>>> REPLACE
+
+Use one or more SEARCH/REPLACE blocks. Each SEARCH must match the current train.py exactly once,
+including indentation; copy a few surrounding lines when a line alone is not unique.
+
+The frozen files, for reference (read-only):
+{frozen}"""
+
+PROPOSE_PROMPT = """\
+# program.md (the human's research directions)
+{program}
+
+# Experiment history ({metric}, {goal} is better; the best kept version is the current train.py)
+{history}
+
+# Current train.py
+```python
+{train}
+```
+
+Propose the next experiment: one idea, as a DESCRIPTION line and SEARCH/REPLACE blocks against this train.py."""
+
+FIX_PROMPT = """\
+The experiment "{description}" crashed ({reason}). The last lines of its run.log:
+```
+{tail}
+```
+
+This is the train.py that crashed:
+```python
+{train}
+```
+
+If the bug is simple to fix (a typo, a shape mismatch, a missing import), answer with a fix that keeps the
+idea, in the same format (DESCRIPTION line, then SEARCH/REPLACE blocks against this train.py)."""
+
+REPAIR_PROMPT = """\
+Your answer was rejected: {error}
+Answer again in the exact format (a DESCRIPTION line, then SEARCH/REPLACE blocks against the same train.py)."""
+
+
+
+def goal_word(goal):
+    """"lower" or "higher": how the prompts say the metric's direction ("min" or "max")."""
+    return "lower" if goal == "min" else "higher"
+
+
+def format_history(history, metric):
+    """A tag's "experiment" events as a table; beyond HISTORY_ROWS, older rows are summarised (their kept ones
+    listed)."""
+    if not history:
+        return "(none yet)"
+    old, new = history[:-HISTORY_ROWS], history[-HISTORY_ROWS:]
+    lines = [f"n\tcommit\t{metric}\tmemory_gb\tstatus\tdescription"]
+    if old:
+        counts = collections.Counter(e["status"] for e in old)
+        lines.append(f"({len(old)} older experiments: {counts['keep']} keep, {counts['discard']} discard, "
+                     f"{counts['crash']} crash; their kept ones:)")
+        new = [e for e in old if e["status"] == "keep"] + new
+    lines += [f"{e['n']}\t{results_row(e)}" for e in new]
+    return "\n".join(lines)

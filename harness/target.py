@@ -1,0 +1,93 @@
+"""
+HARNESS: what a target is. A target is a directory holding program.md (the human's directions), a FROZEN
+prepare.py (data, evaluator, contract constants) and a MUTABLE train.py. This module reads the contract constants
+with ast (it never imports prepare.py or train.py), computes the effective time budget (the harness's one parser
+of AUTORESEARCH_TIME_BUDGET; the frozen files keep their own, self-contained) and runs prepare.py's
+--check / --preflight in a subprocess. It never writes to the target.
+"""
+
+import ast
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.errors import SetupError
+from harness.redact import clean_env
+
+FROZEN = ("prepare.py",)                                 # files of a target that train.py may never change
+TARGET_FILES = ("program.md", "prepare.py", "train.py")
+
+
+def read_text(path):
+    """A file's text as UTF-8."""
+    return Path(path).read_text(encoding="utf-8")
+
+
+def check_target(target):
+    """The target dir must hold program.md, prepare.py and train.py; SetupError otherwise."""
+    if not target.is_dir():
+        raise SetupError(f"--target {target} is not a directory")
+    missing = [f for f in TARGET_FILES if not (target / f).is_file()]
+    if missing:
+        raise SetupError(f"{target} is not an autoresearch target: missing {', '.join(missing)} "
+                         "(a target holds program.md, a frozen prepare.py and a mutable train.py)")
+
+
+def read_literals(path):
+    """{NAME: value} for every module-level `NAME = <literal>` of a Python file, read with ast (never imported)."""
+    values = {}
+    for node in ast.parse(read_text(path)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return values
+
+
+def read_frozen_constants(prepare_path):
+    """METRIC_NAME, METRIC_GOAL, TIME_BUDGET, PREFLIGHT from prepare.py's module-level literals (via ast, never
+    imported). Raises SetupError naming the missing or invalid constant."""
+    values = read_literals(prepare_path)
+    for name in ("METRIC_NAME", "METRIC_GOAL", "TIME_BUDGET"):
+        if name not in values:
+            raise SetupError(f"{prepare_path} must declare {name} as a plain literal "
+                             '(e.g. METRIC_NAME = "val_bpb", METRIC_GOAL = "min", TIME_BUDGET = 300)')
+    if values["METRIC_GOAL"] not in ("min", "max"):
+        raise SetupError(f'{prepare_path}: METRIC_GOAL must be "min" or "max", not {values["METRIC_GOAL"]!r}')
+    values.setdefault("PREFLIGHT", False)
+    return values
+
+
+def effective_budget(time_budget):
+    """TIME_BUDGET seconds, or AUTORESEARCH_TIME_BUDGET when set (smoke tests); SetupError if not positive."""
+    raw = os.environ.get("AUTORESEARCH_TIME_BUDGET")
+    try:
+        budget = float(raw) if raw else float(time_budget)
+    except ValueError:
+        budget = -1.0
+    if not (budget > 0 and math.isfinite(budget)):
+        raise SetupError(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive, finite number of seconds; unset it or fix it")
+    return budget
+
+
+def default_timeout(budget):
+    """2 x the budget (karpathy's 10 minutes for 5), but at least budget + 120 s so that start-up and the final
+    evaluation fit even in a 10-second smoke budget."""
+    return max(2 * budget, budget + 120)
+
+
+def run_prepare(target, flag, timeout):
+    """Run `python prepare.py <flag>` in the target dir (secrets removed from its environment) and return its
+    stdout; SetupError with its own message if it exits nonzero or outlasts timeout seconds."""
+    try:
+        p = subprocess.run([sys.executable, "prepare.py", flag], cwd=target, env=clean_env(), capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SetupError(f"prepare.py {flag} did not finish within {timeout:.0f}s") from None
+    if p.returncode != 0:
+        output = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}")[-3000:]
+        raise SetupError(f"prepare.py {flag} failed:\n{output}")
+    return p.stdout

@@ -1,0 +1,86 @@
+"""
+Unit tests of the harness package's pure parts: the edit format, the random/grid perturbations, the frozen
+constants and budget, prices, summary parsing. The loop itself is tested through agent.main in test_agent.py.
+"""
+
+import pytest
+
+from agent_target import edit
+from harness.edits import EditError, apply_answer
+from harness.errors import SetupError
+from harness.perturb import moves, numeric_constants, perturb
+from harness.proposers import price
+from harness.runner import parse_summary, read_metric
+from harness.target import default_timeout, effective_budget, read_frozen_constants
+
+
+
+def test_apply_answer_errors_name_the_fix():
+    src = "A = 1\nB = 1\n"
+    with pytest.raises(EditError, match="occurs 2 times in train.py; add surrounding lines"):
+        apply_answer(edit("x", "= 1", "= 2"), src)
+    with pytest.raises(EditError, match="leave train.py unchanged"):
+        apply_answer(edit("x", "A = 1", "A = 1"), src)
+    with pytest.raises(EditError, match=r"does not parse: .*\(line 1\)"):
+        apply_answer(edit("x", "A = 1", "A = (1"), src)
+    two = edit("both", "A = 1", "A = 3") + edit("ignored", "B = 1", "B = 4").split("\n", 1)[1]
+    assert apply_answer(two.replace("\n", "\r\n"), src) == ("both", "A = 3\nB = 4\n")
+
+
+def test_perturbations_keep_types_and_powers_of_two():
+    src = ("TOTAL_BATCH_SIZE = 2**19\nDEPTH = 8  # layers\nHEADS = 6\nMATRIX_LR = 0.04\nBETA = 0.95\n"
+           "ADAM_BETAS = (0.8, 0.95)\nUSE_COMPILE = True\nWARMUP_RATIO = 0.0\nLAYER_2 = 2\nwidth = 64\n")
+    found = {name: (number, kind) for name, _, _, number, kind in numeric_constants(src)}
+    assert found == {"TOTAL_BATCH_SIZE": (19, "pow2"), "DEPTH": (8, "int"), "HEADS": (6, "int"),
+                     "MATRIX_LR": (0.04, "float"), "BETA": (0.95, "float"), "LAYER_2": (2, "int")}
+    assert moves(19, "pow2", wide=False) == ["2**18", "2**20"]
+    assert moves(8, "int", wide=True) == ["4", "16", "2", "32"]
+    assert moves(6, "int", wide=False) == ["4", "8"]
+    assert moves(0.04, "float", wide=False) == ["0.02", "0.08"]
+    assert moves(0.95, "float", wide=False) == ["0.975", "0.9"]
+    answer = perturb(src, "grid", 1, 0, "t")             # LAYER_2's value is replaced, not its name
+    assert apply_answer(answer, src)[1].count("TOTAL_BATCH_SIZE = 2**18\n") == 1
+    assert apply_answer(perturb(src, "grid", 12, 0, "t"), src)[1].endswith("LAYER_2 = 4\nwidth = 64\n")
+    assert perturb(src, "random", 3, 0, "t") == perturb(src, "random", 3, 0, "t")
+
+
+def test_frozen_constants_and_timeout(tmp_path, monkeypatch):
+    (tmp_path / "prepare.py").write_text('METRIC_NAME = "pass@1"\nMETRIC_GOAL = "max"\nTIME_BUDGET = 300\n')
+    values = read_frozen_constants(tmp_path / "prepare.py")
+    assert (values["METRIC_NAME"], values["METRIC_GOAL"], values["TIME_BUDGET"], values["PREFLIGHT"]) == \
+        ("pass@1", "max", 300, False)
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "10")
+    assert effective_budget(300) == 10.0 and default_timeout(10.0) == 130.0
+    assert default_timeout(300.0) == 600.0
+    (tmp_path / "prepare.py").write_text('METRIC_NAME = "x"\nTIME_BUDGET = 300\n')
+    with pytest.raises(SetupError, match="must declare METRIC_GOAL"):
+        read_frozen_constants(tmp_path / "prepare.py")
+
+
+def test_price_table():
+    assert price("claude-haiku-4-5-20251001", 1_000_000, 0, 0, 0) == 1.0
+    assert price("some-local-model", 10**6, 10**6, 0, 0) == 0.0
+
+
+def test_summary_takes_the_last_block_and_rejects_nan():
+    log = "---\nval_bpb: 9.0\nstep 5\r step 6\n---\nval_bpb:   1.234567\npeak_vram_mb: 45060.2\nnote: a b\n"
+    summary = parse_summary(log)
+    assert summary == {"val_bpb": "1.234567", "peak_vram_mb": "45060.2", "note": "a b"}
+    assert read_metric(summary, "val_bpb") == (1.234567, 45060.2 / 1024, "")
+    assert read_metric({"val_bpb": "nan"}, "val_bpb") == (None, 0.0, "val_bpb is nan")
+    assert read_metric({"pass@1": "0.5"}, "val_bpb") == (None, 0.0, "no val_bpb in the summary")
+
+
+def test_perturbations_follow_the_profile_branch():
+    src = ('LR = 0.5\nif PROFILE == "cpu":\n    DEPTH = 4\n    HEAD_DIM = 64\nelif PROFILE == "small":\n    DEPTH = 6\n'
+           '    HEAD_DIM = 64\nelse:\n    DEPTH = 8\n    BATCH = 2**19\n')
+    def names(profile):
+        return {name: number for name, _, _, number, _ in numeric_constants(src, profile)}
+    assert names(None) == {"LR": 0.5}                                   # no profile known: module level only
+    assert names("cpu") == {"LR": 0.5, "DEPTH": 4, "HEAD_DIM": 64}
+    assert names("small") == {"LR": 0.5, "DEPTH": 6, "HEAD_DIM": 64}
+    assert names("default") == {"LR": 0.5, "DEPTH": 8, "BATCH": 19}     # no branch named: the else
+    # HEAD_DIM = 64 occurs twice: the edit carries enough context to hit the small branch only
+    answers = [perturb(src, "grid", n, 0, "t", "small") for n in range(1, 7)]
+    edits = [apply_answer(a, src)[1] for a in answers if "HEAD_DIM" in a.splitlines()[0]]
+    assert edits and all(e.count("    HEAD_DIM = 64\n") == 1 and e.split("elif")[0] == src.split("elif")[0] for e in edits)
