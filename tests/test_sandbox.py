@@ -1,0 +1,263 @@
+"""Tests of harness/sandbox.py: real bubblewrap runs of a real Python, no mocks."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import sandbox  # noqa: E402
+
+
+def require_bwrap():
+    """Skip unless bubblewrap works here; fail instead in CI."""
+    reason = sandbox.probe()
+    if reason is not None:
+        # CI installs bubblewrap: a skip there would hide a regression.
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"bubblewrap unusable in CI: {reason}")
+        pytest.skip(reason)
+
+
+def run_inside(code, run_dir, **kw):
+    """Run a Python snippet in the sandbox; returns the CompletedProcess."""
+    require_bwrap()
+    argv = sandbox.wrap([sys.executable, "-c", textwrap.dedent(code)], run_dir=run_dir, **kw)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **sandbox.scratch_env()})
+
+
+def check(code, run_dir, **kw):
+    result = run_inside(code, run_dir, **kw)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    path = tmp_path / "run"
+    path.mkdir()
+    return path
+
+
+# tmp_path lies under the host's /tmp, which the sandbox replaces with its own: the tests expose tmp_path read-only
+# so that what they hide inside it is visible without the hide, as a repository or a data cache would be.
+
+
+def fake_repo(root):
+    """A repository the sandbox must not read: git history, the ledger, the instructions."""
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/secret\n")
+    (root / "results.tsv").write_text("commit\tval_bpb\n")
+    (root / "program.md").write_text("the rules\n")
+    return root
+
+
+def test_writes_only_in_run_dir(tmp_path, run_dir):
+    out = check(f"""
+        import errno, pathlib
+        pathlib.Path("out.txt").write_text("from inside")
+        for target in [{str(Path.home())!r}, {str(Path(__file__).parent)!r}, {str(tmp_path)!r}]:
+            try:
+                open(target + "/sandbox-probe", "w")
+            except OSError as e:
+                print(target, errno.errorcode[e.errno])
+            else:
+                print(target, "WRITABLE")
+        """, run_dir, expose=[tmp_path])
+    assert (run_dir / "out.txt").read_text() == "from inside"
+    assert out.split() == [str(Path.home()), "EROFS", str(Path(__file__).parent), "EROFS", str(tmp_path), "EROFS"]
+
+
+def test_tmp_is_private(run_dir):
+    name = f"sandbox-{uuid.uuid4().hex}"
+    check(f"open('/tmp/{name}', 'w').write('x'); open('/dev/shm/{name}', 'w').write('x')", run_dir)
+    assert not (Path("/tmp") / name).exists()
+    assert not (Path("/dev/shm") / name).exists()
+
+
+def test_hidden_dir_and_hidden_file(tmp_path, run_dir):
+    repo = fake_repo(tmp_path / "repo")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "val.bin").write_text("VALIDATION")
+    (data / "train.bin").write_text("TRAINING")
+    snippet = f"""
+        import os
+        print(sorted(os.listdir({str(repo)!r})))
+        for path in [{str(repo / ".git" / "HEAD")!r}, {str(data / "val.bin")!r}, {str(data / "train.bin")!r}]:
+            try:
+                print(open(path).read().strip())
+            except OSError as e:
+                print(type(e).__name__)
+        """
+    # Without the hide everything is readable, so what follows is the hide's doing.
+    assert check(snippet, run_dir, expose=[tmp_path]).split() == [
+        "['.git',", "'program.md',", "'results.tsv']", "ref:", "refs/heads/secret", "VALIDATION", "TRAINING"]
+    out = check(snippet, run_dir, expose=[tmp_path], hide=[repo, data / "val.bin", tmp_path / "no-such-file"])
+    assert out.split() == ["[]", "FileNotFoundError", "PermissionError", "TRAINING"]
+
+
+def test_run_dir_and_expose_inside_hidden_dir(tmp_path):
+    repo = fake_repo(tmp_path / "repo")
+    run = repo / ".git" / "autoresearch" / "runs" / "x"
+    run.mkdir(parents=True)
+    venv = repo / ".venv"
+    venv.mkdir()
+    (venv / "marker").write_text("venv")
+    out = check(f"""
+        import errno, os
+        open("metrics.txt", "w").write("ok")
+        print(open({str(venv / "marker")!r}).read())
+        try:
+            open({str(venv / "new")!r}, "w")
+        except OSError as e:
+            print(errno.errorcode[e.errno])
+        try:
+            open({str(repo / "planted")!r}, "w")
+        except OSError as e:
+            print(errno.errorcode[e.errno])
+        print(os.path.exists({str(repo / "results.tsv")!r}))
+        """, run, hide=[repo], expose=[tmp_path, venv])
+    assert out.split() == ["venv", "EROFS", "EROFS", "False"]
+    assert (run / "metrics.txt").read_text() == "ok"
+    assert not (repo / "planted").exists()
+
+
+def test_hidden_file_inside_exposed_dir_stays_hidden(tmp_path, run_dir):
+    # Depth decides the order, not the argument lists: the deeper hide lands on top of the expose.
+    outer = tmp_path / "outer"
+    (outer / "cache").mkdir(parents=True)
+    (outer / "cache" / "val.bin").write_text("VALIDATION")
+    (outer / "cache" / "train.bin").write_text("TRAINING")
+    out = check(f"""
+        for name in ["val.bin", "train.bin"]:
+            try:
+                print(open({str(outer / "cache")!r} + "/" + name).read())
+            except OSError as e:
+                print(type(e).__name__)
+        """, run_dir, hide=[outer, outer / "cache" / "val.bin"], expose=[tmp_path, outer / "cache"])
+    assert out.split() == ["PermissionError", "TRAINING"]
+
+
+def test_venv_inside_hidden_repo_imports(run_dir):
+    prefix = Path(sys.prefix).resolve()
+    # The harness's case: the venv lives in the repository it hides. Without a venv, hiding its parent hides /usr's.
+    hide = [prefix.parent] if sys.prefix != sys.base_prefix else []
+    out = check("import numpy, torch; print(torch.tensor([1, 2]).sum().item())", run_dir, hide=hide, expose=[prefix])
+    assert out.strip() == "3"
+
+
+def test_no_network(run_dir):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        out = check(f"""
+            import errno, socket
+            for address in [("127.0.0.1", {port}), ("1.1.1.1", 53)]:
+                try:
+                    socket.create_connection(address, timeout=5)
+                    print("CONNECTED")
+                except OSError as e:
+                    print(errno.errorcode.get(e.errno, type(e).__name__))
+            try:
+                socket.getaddrinfo("pypi.org", 443)
+                print("RESOLVED")
+            except socket.gaierror:
+                print("gaierror")
+            """, run_dir)
+    finally:
+        server.close()
+    assert out.split() == ["ECONNREFUSED", "ENETUNREACH", "gaierror"]
+
+
+def host_pids_with(token):
+    """Host PIDs whose command line contains token (the PID written inside a PID namespace is not the host's)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def spawn_sleeper(token):
+    """Inside the sandbox: a child that starts a detached grandchild sleeping 60 s, then sleeps itself."""
+    return f"""
+        import os, subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", {token!r}], start_new_session=True)
+        open("started", "w").write("1")
+        time.sleep(60)
+        """
+
+
+def wait_for(predicate, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_killing_the_group_kills_the_grandchild(run_dir):
+    token = f"sandbox-grandchild-{uuid.uuid4().hex}"
+    require_bwrap()
+    argv = sandbox.wrap([sys.executable, "-c", textwrap.dedent(spawn_sleeper(token))], run_dir=run_dir)
+    p = subprocess.Popen(argv, start_new_session=True)  # as the harness starts it
+    try:
+        assert wait_for(lambda: (run_dir / "started").exists() and host_pids_with(token), 20)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        assert wait_for(lambda: not host_pids_with(token), 5), "grandchild survived the group kill"
+    finally:
+        for pid in host_pids_with(token):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_harness_death_kills_the_sandbox(run_dir):
+    token = f"sandbox-orphan-{uuid.uuid4().hex}"
+    require_bwrap()
+    argv = sandbox.wrap([sys.executable, "-c", textwrap.dedent(spawn_sleeper(token))], run_dir=run_dir)
+    # A stand-in harness that starts the sandbox in its own session, then is SIGKILLed without cleaning up.
+    stand_in = f"import subprocess, time; subprocess.Popen({argv!r}, start_new_session=True); time.sleep(60)"
+    harness = subprocess.Popen([sys.executable, "-c", stand_in])
+    try:
+        assert wait_for(lambda: (run_dir / "started").exists() and host_pids_with(token), 20)
+        harness.kill()
+        harness.wait(timeout=10)
+        assert wait_for(lambda: not host_pids_with(token), 5), "sandbox outlived the harness"
+    finally:
+        for pid in host_pids_with(token):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_gpu_nodes_are_dev_bound_when_present(tmp_path, run_dir, monkeypatch):
+    for name in ["nvidia0", "nvidiactl", "nvidia-uvm"]:
+        (tmp_path / name).touch()
+    (tmp_path / "nvidia-caps").mkdir()
+    (tmp_path / "dri").mkdir()
+    monkeypatch.setattr(sandbox, "GPU_DEV_ROOT", tmp_path)
+    argv = sandbox.wrap(["true"], run_dir=run_dir)
+    binds = [tuple(argv[i + 1:i + 3]) for i, flag in enumerate(argv) if flag == "--dev-bind"]
+    assert sorted(binds) == sorted((str(tmp_path / n), f"/dev/{n}")
+                                   for n in ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-caps", "dri"])
+    assert "--dev-bind" not in sandbox.wrap(["true"], run_dir=run_dir, gpu=False)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(sandbox, "GPU_DEV_ROOT", tmp_path / "empty")
+    assert "--dev-bind" not in sandbox.wrap(["true"], run_dir=run_dir)
+
+
+def test_argv_must_be_a_list(run_dir):
+    with pytest.raises(TypeError):
+        sandbox.wrap("python train.py", run_dir=run_dir)
