@@ -13,9 +13,10 @@ This file is the loop and its rules, nothing else; research_loop() is program.md
     run         train it with a hard timeout and parse its summary (a crash may get up to two fixes)
     judge       keep if the metric strictly improved, else discard (or crash)
     record      one event, one results.tsv row
-    reset       a discard or crash moves the branch back to the best commit
-What each step uses lives in harness/ (see harness/__init__.py for the map). agent.py owns git and results.tsv
-through it, and never imports prepare.py or train.py: the frozen constants are read with ast.
+    advance     a kept candidate becomes the branch tip (update-ref); nothing else ever moves the branch
+Every run is hermetic: a fresh export of its commit, sandboxed where bubblewrap works, scored by the frozen
+evaluator in a separate process; your checkout is never switched or reset. What each step uses lives in harness/
+(see harness/__init__.py for the map). agent.py never imports prepare.py or train.py.
 """
 
 import argparse
@@ -30,11 +31,12 @@ from pathlib import Path
 from harness import console, ledger
 from harness.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
-from harness.gitops import lock_repo, open_repo
+from harness.gitops import file_at, lock_repo, open_repo
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer
 from harness.redact import redact
-from harness.session import RUN_LOG, commit_candidate, open_session, record, reset_to_best, train_candidate
+from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, open_session, record,
+                             train_candidate)
 from harness.target import FROZEN, check_target, read_text, run_prepare
 
 # ---------------------------------------------------------------------------
@@ -65,10 +67,9 @@ def research_loop(s):
         outcome, fixes = run_with_fixes(s, n, description, commit)  # 3. train, parse; a crash may get fixes
         status = judge(s, outcome)                               # 4. keep / discard / crash
         record(s, n, outcome, status, description, t0, spent0, repairs, fixes)  # 5. event, then row
-        if status == "keep":
+        if status == "keep":                                     # 6. only a measured, kept commit enters the branch
+            advance_branch(s, outcome.commit)
             s.best_commit, s.best_metric = outcome.commit, outcome.metric
-        else:
-            reset_to_best(s)                                     # 6. the branch goes back to the best commit
         s.recent_failures.append(status == "crash")
     return reason
 
@@ -115,7 +116,7 @@ def judge(s, outcome):
 def propose(s, n):
     """Ask the proposer for the next idea against the current (best) train.py. Returns (description, source,
     repairs), or None if no answer could be repaired."""
-    train_src = read_text(s.target / "train.py")
+    train_src = best_source(s)
     prompt = PROPOSE_PROMPT.format(program=read_text(s.target / "program.md"), metric=s.metric,
                                    goal=goal_word(s.goal), history=format_history(s.history, s.metric), train=train_src)
     s.status(n, "proposing")
@@ -154,7 +155,7 @@ def run_with_fixes(s, n, description, commit):
     for fix in range(1, MAX_FIXES + 1):
         if outcome.metric is not None or not s.proposer.is_llm or outcome.reason.startswith(("timeout", "rejected")):
             return outcome, fix - 1
-        crashed_src = read_text(s.target / "train.py")
+        crashed_src = file_at(s.repo, commit, s.train_rel)
         prompt = FIX_PROMPT.format(description=description, reason=outcome.reason, tail=outcome.log_tail,
                                    train=crashed_src)
         s.status(n, f"asking for fix {fix}")
@@ -197,6 +198,9 @@ def parse_args(argv):
     p.add_argument("--max-cost-usd", type=float, help="stop once the tag's LLM spend reaches this many dollars")
     p.add_argument("--timeout", type=float, help="hard limit per training run in seconds (default: 2 x TIME_BUDGET, "
                    "at least TIME_BUDGET + 120); the whole process group is killed")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
+                   help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
+                   "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
                    f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
@@ -262,12 +266,13 @@ def main(argv=None):
         print(f"agent.py: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except Stop as e:
-        clean_stop(s, "error", str(e))
+        log_stop(s, "error", str(e))
         print(f"agent.py: stopped: {redact(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        clean_stop(s, "interrupted", "interrupted")
-        print("\nagent.py: interrupted; the tree is at the best commit. Rerun the same command to resume.",
+        log_stop(s, "interrupted", "interrupted")
+        print(f"\nagent.py: interrupted; {s.branch if s else 'the branch'} is at the best commit. Rerun the same "
+              "command to resume.",
               file=sys.stderr)
         return 130
     finally:
@@ -280,13 +285,11 @@ def on_llm_retry(s, attempt, problem, delay):
     s.status(s.next_n, f"LLM error ({problem[:60]}), retry {attempt + 1} in {delay:.0f}s")
 
 
-def clean_stop(s, event, reason):
-    """Leave the branch and train.py at the best commit and log why the loop ended (the training group is already
-    dead: the runner kills it on any exception)."""
-    if s is None or not s.best_commit:
-        return
-    reset_to_best(s)
-    s.log("stop", reason=reason, status=event)
+def log_stop(s, event, reason):
+    """Log why the loop ended. Nothing to undo: the branch only ever moves to a kept commit, and the training
+    group is already dead (the runner kills it on any exception)."""
+    if s is not None and s.best_commit:
+        s.log("stop", reason=reason, status=event)
 
 
 def raise_interrupt(signum, frame):

@@ -10,7 +10,9 @@ rules; report.py reads the ledger through the same module agent.py writes it wit
     perturb    the random/grid perturbations of train.py's UPPER_CASE constants
     gitops     git: the branch, candidate commits and refs, reset to the best commit, the repository lock
     ledger     results.tsv and events.jsonl: the formats, writing, reading, resume facts
-    runner     run one commit's train.py with a timeout in its own process group and return an Outcome
+    runner     run one commit's train.py with a timeout in its own process group, evaluate it separately -> Outcome
+    sandbox    the bubblewrap command line train.py runs in (read-only filesystem, hidden paths, no network)
+    guard      what a run may not change outside its run dir: checked around every run, the harness's own restored
     redact     secrets: which environment variables never reach train.py, and their values out of every record
     console    the live status line and printed lines
     session    the state of one tag, rebuilt from git and the ledger on every start (setup and resume)

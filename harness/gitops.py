@@ -1,10 +1,12 @@
 """
-HARNESS: git. Owns the ratchet branch autoresearch/<tag>, candidate commits (only train.py, hooks respected), the
-candidate refs refs/autoresearch/<tag>/<n>-<sha7>, the reset to the best commit, and the repository lock. It never
-stashes, deletes or resets a file it did not write, never passes --no-verify, and knows nothing of the ledger.
+HARNESS: git. Owns the ratchet branch autoresearch/<tag> (moved by update-ref only), candidate commits (only
+train.py, made in the harness's own worktree, hooks respected), the candidate refs refs/autoresearch/<tag>/<n>-<sha7>,
+exports of a commit for a run, and the repository lock. It never switches, resets or writes the user's checkout,
+never passes --no-verify, and knows nothing of the ledger.
 """
 
 import fcntl
+import tarfile
 import hashlib
 from pathlib import Path
 
@@ -94,27 +96,68 @@ def make_candidate_ref(repo, tag, n, commit):
     repo.git.update_ref(f"refs/autoresearch/{tag}/{n:04d}-{commit[:7]}", commit)
 
 
-def reset_to(repo, commit, rel):
-    """Move the checked-out branch back to commit and restore `rel` (train.py) from it: `git reset --soft` then
-    `git checkout commit -- rel`. This is `git reset --hard` for the only file a candidate changes; other
-    uncommitted edits (a human redirecting program.md), results.tsv and run.log are left alone."""
-    if repo.head.commit.hexsha != commit:
-        repo.git.reset("-q", "--soft", commit)
-    repo.git.checkout(commit, "--", rel)
-
-
-def is_candidate(commit, best, rel, blobs):
-    """True if commit is a candidate made on top of the best commit: its parent is `best` and its `rel`
-    (train.py) is one of the blob shas the agent wrote (checked by content, since a kill can precede the
-    "commit" event)."""
-    if len(commit.parents) != 1 or commit.parents[0].hexsha != best:
-        return False
-    try:
-        return (commit.tree / rel).hexsha in blobs
-    except KeyError:
-        return False
-
-
 def git_blob_sha(data):
     """The sha git gives these bytes as a blob (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+# ---------------------------------------------------------------------------
+# Hermetic runs: the harness's own worktree for commits, exports of a commit for runs, the branch by update-ref
+# ---------------------------------------------------------------------------
+
+
+def harness_dir(repo, tag):
+    """<git dir>/autoresearch/<tag>: the harness's own files for a tag (stage worktree, pristine frozen files,
+    run dirs, logs). Inside .git, so never committed and hidden with the repository in the sandbox."""
+    return git_dir(repo) / "autoresearch" / tag
+
+
+def checked_out_in(repo, branch):
+    """The worktree paths (the user's checkout included) that have refs/heads/<branch> checked out."""
+    paths, current = [], None
+    for line in repo.git.worktree("list", "--porcelain").splitlines():
+        if line.startswith("worktree "):
+            current = line[len("worktree "):]
+        elif line == f"branch refs/heads/{branch}":
+            paths.append(current)
+    return paths
+
+
+def open_stage(repo, path, commit):
+    """The harness's detached worktree at `path`, checked out (forced, clean) at `commit`: candidate commits are
+    made there with `git commit`, so hooks run, and the user's checkout is never switched or written."""
+    path = Path(path)
+    if not (path / ".git").exists():
+        repo.git.worktree("prune")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        repo.git.worktree("add", "-f", "--detach", str(path), commit)
+    stage = git.Repo(path)
+    stage.git.checkout("-q", "-f", "--detach", commit)
+    return stage
+
+
+def export_commit(repo, commit, rel, dest):
+    """Write the files of `commit`'s subtree `rel` ("" for the root) into the new directory dest: exactly the
+    committed files, no .git, nothing untracked. Returns dest."""
+    dest = Path(dest)
+    dest.mkdir(parents=True)
+    archive = dest / ".export.tar"
+    with open(archive, "wb") as f:
+        repo.archive(f, treeish=f"{commit}:{rel}" if rel else commit, format="tar")
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")     # no absolute paths, no links out of dest
+        else:                                       # Python < 3.10.12: git archive writes no such members
+            tar.extractall(dest)
+    archive.unlink()
+    return dest
+
+
+def advance_branch(repo, branch, new, old):
+    """Move refs/heads/<branch> from old to new (`git update-ref` with the old value checked, so a ref moved by
+    anyone else is an error, not overwritten)."""
+    repo.git.update_ref(f"refs/heads/{branch}", new, old)
+
+
+def file_at(repo, commit, rel):
+    """The text of file rel at commit (`git show commit:rel`)."""
+    return (repo.commit(commit).tree / rel).data_stream.read().decode("utf-8")

@@ -7,15 +7,14 @@ writes through this module and report.py and analysis.ipynb read through it. App
 truncates or deletes either file, and it never touches git.
 
 Order of operations for experiment n, and what a restart after SIGKILL at each point finds and does:
-  1. "candidate" event (with the blob sha of the new train.py), write train.py
-       -> train.py dirty with a blob we wrote: restored from the best commit
-  2. git commit on the branch, candidate ref, "commit" event
-       -> branch tip is a known candidate, no "experiment" event for n: branch reset to the best commit
-  3. "run" event (with the process group id), train, "run_end" event
-       -> same, plus: a training group still alive is killed, a frozen file it changed is restored
-  4. "experiment" event  (the experiment happened: from here on it counts)
-  5. results.tsv row     -> if the kill hit between 4 and 5, the row is appended on restart (missing_row)
-  6. discard/crash: reset to the best commit -> the tip is still the candidate: reset on restart
+  1. "candidate" event (with the blob sha of the new train.py), commit in the harness's stage worktree, candidate
+     ref, "commit" event          -> nothing to undo: the branch has not moved; experiment n is simply redone
+  2. "run" event (process group id, run dir), train and evaluate, "run_end" event
+                                  -> a training group still alive is killed; the run dir is replaced on the redo
+  3. "experiment" event  (the experiment happened: from here on it counts)
+  4. results.tsv row              -> if the kill hit between 3 and 4, the row is appended on restart (missing_row)
+  5. keep: the branch moves to the candidate (update-ref)
+                                  -> if the kill hit between 3 and 5, the branch is moved on restart
 n is the number of the tag's "experiment" events, so an interrupted experiment is simply redone (its commit stays
 reachable under refs/autoresearch/<tag>/), and no row is ever duplicated or lost.
 """
@@ -221,7 +220,7 @@ class TagState:
     input_tokens: int
     output_tokens: int
     pending: list           # the events after the tag's last finished experiment: an interrupted iteration
-    stale_pgid: int | None  # the process group of a training run started but not ended in that iteration
+    stale_run: dict | None  # the "run" event of a training run started but not ended in that iteration
 
 
 def tag_state(all_events, tag):
@@ -240,4 +239,4 @@ def tag_state(all_events, tag):
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
-                    pending=pending, stale_pgid=runs[-1]["pgid"] if in_flight else None)
+                    pending=pending, stale_run=runs[-1] if in_flight else None)

@@ -25,17 +25,32 @@ LOG_TAIL_LINES = 60             # lines of the log sent back to the LLM and kept
 
 
 @dataclasses.dataclass
+class Evaluation:
+    """The frozen evaluator, run in a fresh interpreter after training: `python prepare.py --evaluate ARTIFACT` from
+    a pristine copy of the target (prepare_dir). Its printed metric is the one that counts."""
+    prepare_dir: Path                       # holds the pristine prepare.py (never the run's copy)
+    artifact: Path                          # what train.py's call into the frozen evaluation saved
+    digest: str | None = None               # the frozen-inputs digest recorded when the tag started
+    tolerance: float = 0.0                  # |train.py's own metric - the evaluator's| allowed (METRIC_TOLERANCE)
+    wrap: Callable = lambda argv: argv      # e.g. a sandbox; identity by default
+
+
+@dataclasses.dataclass
 class RunSpec:
-    """One training run. cwd holds train.py and the frozen files of the commit `commit` (a label only)."""
+    """One training run. cwd holds the files of commit `commit` (a label only: the runner knows no git)."""
     commit: str
     cwd: Path
-    log: Path                               # stdout + stderr of the run
+    log: Path                               # stdout + stderr of the run (and of its evaluation)
     metric: str                             # the summary key that is the result, e.g. val_bpb
     timeout: float                          # seconds; the whole process group is killed after it
     frozen: tuple = ()                      # files of cwd that must be byte-identical after the run
+    env: dict = dataclasses.field(default_factory=dict)   # added to the (secret-free) environment
+    wrap: Callable = lambda argv: argv      # the sandbox: argv -> the argv that runs it confined
+    budget: float | None = None             # the harness's budget: the summary's time_budget_s must equal it
+    max_wall: float | None = None           # seconds of train.py wall time allowed (budget + measured allowance)
+    evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
-    restore: Callable = lambda files: None  # called (even on Ctrl-C) with the frozen files the run changed
 
 
 @dataclasses.dataclass
@@ -50,51 +65,108 @@ class Outcome:
     returncode: int | None = None           # None after a timeout
     timed_out: bool = False
     tampered: list = dataclasses.field(default_factory=list)
+    own_metric: float | None = None         # what train.py printed itself (None: nothing, or not a number)
+    eval_seconds: float = 0.0
 
 
 def run(spec):
-    """Run spec's train.py, check the frozen files, parse the summary. Returns an Outcome; raises only what
-    interrupts the harness itself (KeyboardInterrupt), after killing the run."""
+    """Train, check, evaluate. Returns an Outcome whose metric is the frozen evaluator's (or, without an
+    Evaluation, train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing
+    the run. Rejections (reason "rejected: ...") are runs whose result is not believed; crashes are runs with no
+    result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
-    tampered = []
-    try:
-        rc, seconds, timed_out = run_process([sys.executable, "train.py"], spec)
-    finally:                                # also on Ctrl-C: a frozen file changed by the run is restored
-        tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
-        if tampered:
-            spec.restore(tampered)
-    text = read_log(spec.log)
-    tail = "\n".join(text.replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
-    metric, memory_gb, reason = None, 0.0, ""
+    env = {**clean_env(), **spec.env}
+    rc, seconds, timed_out = run_process(spec.wrap([sys.executable, "train.py"]), spec.cwd, spec.log, env,
+                                         spec.timeout, spec.on_start, spec.on_tick)
+    tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
+    summary = parse_summary(read_log(spec.log))
+    own, memory_gb, own_problem = read_metric(summary, spec.metric)
+    outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own)
     if tampered:
-        reason = f"rejected: train.py modified {', '.join(tampered)} (restored)"
+        outcome.reason = f"rejected: train.py modified {', '.join(tampered)}"
     elif timed_out:
-        reason = f"timeout after {spec.timeout:.0f}s"
+        outcome.reason = f"timeout after {spec.timeout:.0f}s"
     elif rc != 0:
-        reason = f"exit code {rc}"
+        outcome.reason = f"exit code {rc}"
+    elif spec.budget is not None and not _same_budget(summary.get("time_budget_s"), spec.budget):
+        outcome.reason = (f"rejected: the summary says time_budget_s {summary.get('time_budget_s', '(missing)')}, "
+                          f"the harness's budget is {spec.budget:g}")
+    elif spec.max_wall is not None and seconds > spec.max_wall:
+        outcome.reason = (f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and "
+                          f"evaluation allowance ({spec.max_wall:.0f}s)")
+    elif spec.evaluation is None:
+        outcome.metric, outcome.reason = own, own_problem
     else:
-        metric, memory_gb, reason = read_metric(parse_summary(text), spec.metric)
-    return Outcome(spec.commit, metric, memory_gb, seconds, reason, tail, rc, timed_out, tampered)
+        evaluate(spec, outcome)
+    if outcome.metric is not None:
+        outcome.memory_gb = memory_gb
+    outcome.log_tail = "\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
+    return outcome
 
 
-def run_process(argv, spec):
-    """Run argv in spec.cwd in its own process group, stdout+stderr -> spec.log, secrets removed from its
-    environment. On timeout and on any exception (Ctrl-C) the whole group is killed; so are stray children of a
-    run that exited. Returns (returncode or None on timeout, seconds, timed_out)."""
+def evaluate(spec, outcome):
+    """The separate evaluation: the pristine prepare.py scores the artifact in a fresh process; its output is
+    appended to the run's log. Sets outcome.metric, or outcome.reason when the artifact is missing or unloadable,
+    the frozen inputs changed, or train.py's own number disagrees with the evaluator's beyond the tolerance."""
+    ev = spec.evaluation
+    if not ev.artifact.exists():
+        outcome.reason = ("crash: no model artifact: train.py must hand its model to the frozen evaluation "
+                          "(evaluate_bpb / evaluate in prepare.py), which saves it for the separate evaluator")
+        return
+    with open(spec.log, "ab") as log:
+        log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
     t0 = time.monotonic()
-    with open(spec.log, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=spec.cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=clean_env(), start_new_session=True)
+    text_before = len(read_log(spec.log))
+    rc, _, timed_out = run_process(ev.wrap([sys.executable, str(ev.prepare_dir / "prepare.py"), "--evaluate",
+                                            str(ev.artifact)]), ev.prepare_dir, spec.log,
+                                   {**clean_env(), **spec.env}, spec.timeout, lambda pgid: None, spec.on_tick,
+                                   append=True)
+    outcome.eval_seconds = time.monotonic() - t0
+    if timed_out or rc != 0:
+        outcome.reason = (f"evaluation failed ({'timeout' if timed_out else f'exit code {rc}'}): the artifact could "
+                          "not be loaded or scored; see the end of the log")
+        return
+    summary = parse_summary(read_log(spec.log)[text_before:])
+    metric, _, problem = read_metric(summary, spec.metric)
+    if metric is None:
+        outcome.reason = f"evaluation failed: {problem}"
+    elif ev.digest and summary.get("frozen_inputs") != ev.digest:
+        outcome.reason = (f"rejected: the frozen inputs changed (digest {summary.get('frozen_inputs', '(missing)')[:12]}"
+                          f", recorded {ev.digest[:12]}): prepare.py, the tokenizer or the evaluation data differ "
+                          "from when the tag started")
+    elif outcome.own_metric is not None and abs(outcome.own_metric - metric) > ev.tolerance:
+        outcome.reason = (f"rejected: metric mismatch: train.py printed {spec.metric} {outcome.own_metric:.6f}, the "
+                          f"frozen evaluator measured {metric:.6f} (tolerance {ev.tolerance:g})")
+    else:
+        outcome.metric = metric
+
+
+def _same_budget(text, budget):
+    """True when the summary's time_budget_s text is the harness's budget (to the printed precision)."""
+    try:
+        return abs(float(text) - budget) <= 1e-6 * max(1.0, budget)
+    except (TypeError, ValueError):
+        return False
+
+
+def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=False):
+    """Run argv in cwd in its own process group, stdout+stderr -> log_path. On timeout and on any exception
+    (Ctrl-C) the whole group is killed; so are stray children of a run that exited. Returns (returncode or None
+    on timeout, seconds, timed_out)."""
+    t0 = time.monotonic()
+    with open(log_path, "ab" if append else "wb") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
         try:
-            spec.on_start(proc.pid)
+            on_start(proc.pid)
             while True:
                 elapsed = time.monotonic() - t0
-                if elapsed >= spec.timeout:
+                if elapsed >= timeout:
                     kill_group(proc.pid, proc)
                     return None, time.monotonic() - t0, True
-                spec.on_tick(elapsed)
+                on_tick(elapsed)
                 try:
-                    rc = proc.wait(timeout=min(1.0, spec.timeout - elapsed))
+                    rc = proc.wait(timeout=min(1.0, timeout - elapsed))
                     break
                 except subprocess.TimeoutExpired:
                     pass
@@ -138,20 +210,21 @@ def kill_stale_run(pgid, cwd):
 
 
 def read_metric(summary, name):
-    """(metric, memory_gb, "") from a parsed summary, or (None, 0.0, reason) when the metric is missing, not a
-    number, NaN or infinite. memory_gb = peak_vram_mb / 1024, 0.0 when absent."""
+    """(metric, memory_gb, "") from a parsed summary, or (None, memory_gb, reason) when the metric is missing, not
+    a number, NaN or infinite. memory_gb = peak_vram_mb / 1024, 0.0 when absent."""
+    try:
+        memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
+    except ValueError:
+        memory_gb = 0.0
     try:
         metric = float(summary[name])
     except KeyError:
-        return None, 0.0, f"no {name} in the summary"
+        return None, memory_gb, f"no {name} in the summary"
     except ValueError:
-        return None, 0.0, f"{name} is not a number: {summary[name]!r}"
+        return None, memory_gb, f"{name} is not a number: {summary[name]!r}"
     if not math.isfinite(metric):
-        return None, 0.0, f"{name} is {summary[name]}"
-    try:
-        return metric, float(summary.get("peak_vram_mb", 0.0)) / 1024, ""
-    except ValueError:
-        return metric, 0.0, ""
+        return None, memory_gb, f"{name} is {summary[name]}"
+    return metric, memory_gb, ""
 
 
 def parse_summary(text):

@@ -1,23 +1,35 @@
 """
 HARNESS: one tag's state and the steps the loop takes on it. open_session checks the target, the repository and
 the ledger, then creates autoresearch/<tag> or resumes it; the Session it returns carries everything the loop in
-agent.py needs, and the functions below are the loop's plumbing: commit a candidate, train it, reset to the best
-commit, record an experiment. It joins git (gitops), the ledger and the runner; it never decides keep or discard
-(that is agent.py's rule) and never imports agent.py.
+agent.py needs, and the functions below are the loop's plumbing: commit a candidate, train it, advance the branch,
+record an experiment. It joins git (gitops), the ledger, the runner, the sandbox and the guard; it never decides
+keep or discard (that is agent.py's rule) and never imports agent.py.
+
+Hermetic runs: the user's checkout is never switched, reset or written (except results.tsv, events.jsonl and a copy
+of the last run.log in the target dir). Candidates are committed in the harness's own detached worktree
+(<git dir>/autoresearch/<tag>/stage, so hooks run); each run gets a fresh export of exactly its commit's files
+(runs/<n>-<attempt>, removed afterwards; its log stays in logs/); the frozen evaluator runs from a pristine export
+of the tag's base commit (frozen/); the branch moves only by update-ref, to a measured, kept commit.
 """
 
 import argparse
 import collections
 import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import git
 
-from harness import console, gitops, ledger, runner
+from harness import console, gitops, guard, ledger, runner, sandbox
 from harness.edits import clean_description
-from harness.errors import SetupError, Stop
+from harness.errors import SetupError
 from harness.gitops import git_blob_sha
+from harness.redact import clean_env
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants
 
 RUN_LOG = "run.log"
@@ -41,6 +53,11 @@ class Session:
     baseline_metric: float | None
     history: list                       # this tag's "experiment" events, in order
     candidate_blobs: set                # git blob shas of every train.py this tag wrote
+    target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
+    home: Path = None                   # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
+    evaluation: dict = None             # {"digest", "tolerance", "evaluator_only"}; None: train.py's own number
+    wrap: object = None                 # argv -> sandboxed argv (identity without the sandbox)
+    sandbox_env: dict = dataclasses.field(default_factory=dict)
     proposer: object = None             # harness.proposers.Proposer
     system_prompt: str = ""
     profile: str | None = None          # device class reported by `prepare.py --check`, if any
@@ -60,6 +77,21 @@ class Session:
     def log(self, event, **fields):
         """Append one event of this tag to events.jsonl; returns the record."""
         return ledger.log_event(self.target / ledger.EVENTS, self.args.tag, event, **fields)
+
+    def hidden(self):
+        """What the sandboxed training process must not see: the repository (working tree and git dir: history,
+        results.tsv, events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases,
+        docker) and the evaluator-only data files."""
+        evaluator_only = self.evaluation["evaluator_only"] if self.evaluation else []
+        return [Path(self.repo.working_tree_dir), gitops.git_dir(self.repo), Path("/run"),
+                *map(Path, evaluator_only)]
+
+    def exposed(self):
+        """What it may read although it lies in a hidden place (e.g. under /tmp, which the sandbox replaces): the
+        Python environment and every existing path named by an AUTORESEARCH_* variable (the data cache, a local
+        base model)."""
+        named = [Path(v) for k, v in os.environ.items() if k.startswith("AUTORESEARCH_") and os.path.isabs(v)]
+        return [Path(sys.prefix), *[p for p in named if p.exists()]]
 
     def spent(self):
         """(input tokens, output tokens, USD, LLM seconds) so far; record() logs the difference per experiment."""
@@ -81,45 +113,87 @@ class Session:
 # ---------------------------------------------------------------------------
 
 
+def best_source(s):
+    """train.py of the best commit: what the next proposal edits."""
+    return gitops.file_at(s.repo, s.best_commit, s.train_rel)
+
+
 def commit_candidate(s, n, source, message, attempt=0):
-    """Write train.py and commit it on the branch with this message (attempt > 0: amend the crashed candidate
-    with a fix). Only train.py is committed; hooks run and a blocking one raises Stop (the tree is reset to the
-    best commit first). Returns the full sha."""
+    """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
+    (attempt > 0: amend the crashed candidate with a fix). Only train.py is committed; hooks run and a blocking one
+    raises Stop. The message body names the tag and experiment, so two identical candidates never share a commit.
+    Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
     blob = git_blob_sha(source.encode())
     s.candidate_blobs.add(blob)
     s.log("candidate", n=n, attempt=attempt, parent=s.best_commit, blob=blob, message=message)
-    (s.target / "train.py").write_text(source)
-    try:
-        commit = gitops.commit_file(s.repo, s.train_rel, message, amend=attempt > 0)
-    except Stop:
-        reset_to_best(s)
-        raise
+    stage = gitops.open_stage(s.repo, s.home / "stage", s.best_commit) if attempt == 0 else git.Repo(s.home / "stage")
+    (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
+    body = f"{message}\n\nautoresearch: tag {s.args.tag}, experiment {n}"
+    commit = gitops.commit_file(stage, s.train_rel, body, amend=attempt > 0)
     gitops.make_candidate_ref(s.repo, s.args.tag, n, commit)
     s.log("commit", n=n, attempt=attempt, full_commit=commit)
     return commit
 
 
 def train_candidate(s, n, attempt, commit):
-    """Run train.py at HEAD (= commit) through the runner and log its "run" and "run_end" events. Returns the
-    runner's Outcome."""
-    frozen = dict(zip(FROZEN, s.frozen_rels))
+    """Run `commit` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
+    separate evaluation, the guard's check of everything outside the run dir; then the run dir is removed, its log
+    kept in logs/ and copied to <target>/run.log. Logs "run" and "run_end". Returns the runner's Outcome."""
+    run_dir = s.home / "runs" / f"{n:04d}-{attempt}"
+    shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
+    gitops.export_commit(s.repo, commit, s.target_rel, run_dir)
+    log = s.home / "logs" / f"{n:04d}-{attempt}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    snapshot = []
+
+    def on_start(pgid):
+        s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout, cwd=str(run_dir),
+              sandbox=s.args.sandbox if s.wrap is not None else "off")
+        snapshot.append(guard.take(s.repo, [s.target / ledger.RESULTS, s.target / ledger.EVENTS]))
+
+    evaluation = None
+    if s.evaluation is not None:
+        evaluation = runner.Evaluation(prepare_dir=s.home / "frozen", artifact=run_dir / "artifact",
+                                       digest=s.evaluation["digest"], tolerance=s.evaluation["tolerance"])
     spec = runner.RunSpec(
-        commit=commit, cwd=s.target, log=s.target / RUN_LOG, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
-        on_start=lambda pgid: s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout),
+        commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
+        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_ARTIFACT": str(run_dir / "artifact"),
+             **s.sandbox_env},
+        wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
+        budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
+        evaluation=evaluation, on_start=on_start,
         on_tick=lambda elapsed: s.status(n, f"training {console.fmt_duration(elapsed)}/"
-                                            f"{console.fmt_duration(s.budget)}"),
-        restore=lambda files: s.repo.git.checkout("HEAD", "--", *[frozen[f] for f in files]))
-    outcome = runner.run(spec)
+                                            f"{console.fmt_duration(s.budget)}"))
+    try:
+        outcome = runner.run(spec)
+    finally:                                                   # also on Ctrl-C
+        problems = guard.check(s.repo, snapshot[0]) if snapshot else []
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if log.exists():
+            shutil.copyfile(log, s.target / RUN_LOG)
+    if problems:
+        outcome.metric, outcome.reason = None, "rejected: the run " + "; ".join(problems)
     s.log("run_end", n=n, attempt=attempt, commit=commit[:7], returncode=outcome.returncode,
           timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
-          metric=outcome.metric, frozen_tampered=[frozen[f] for f in outcome.tampered],
+          metric=outcome.metric, own_metric=outcome.own_metric, eval_seconds=round(outcome.eval_seconds, 3),
+          frozen_tampered=outcome.tampered, outside=problems, log=str(log),
           log_tail=outcome.log_tail if outcome.metric is None else "")
     return outcome
 
 
-def reset_to_best(s):
-    """The branch and train.py back at the best commit (see gitops.reset_to: nothing else is touched)."""
-    gitops.reset_to(s.repo, s.best_commit, s.train_rel)
+def max_wall(s):
+    """Seconds of train.py wall time allowed: the budget plus an allowance for start-up, export and evaluation
+    measured on the baseline: 2 x (baseline wall time - budget) + 10 % of the budget + 10 s. None before the
+    baseline is measured."""
+    if not s.history:
+        return None
+    overhead = max(0.0, s.history[0]["train_seconds"] - s.budget)
+    return s.budget + 2 * overhead + 0.1 * s.budget + 10
+
+
+def advance_branch(s, commit):
+    """The kept candidate becomes the best commit: the branch moves to it (update-ref, old value checked)."""
+    gitops.advance_branch(s.repo, s.branch, commit, s.best_commit)
 
 
 def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
@@ -148,16 +222,16 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
 def open_session(args):
     """Check everything, then create autoresearch/<tag> from HEAD or resume it. Returns (Session, constants).
 
-    Resume rebuilds the best commit and the experiment count from this tag's events, kills a training run left
-    by a killed agent, restores what an interrupted iteration left half-applied (only files the agent itself
-    wrote, see the order of operations in harness/ledger.py), and appends a results.tsv row lost to a kill.
-    Raises SetupError with the fix for anything it will not touch."""
+    The user's checkout stays on its branch; only the target's train.py and frozen files must be committed (their
+    uncommitted edits would be silently ignored), any other edit (program.md: steer as you like) is fine. Resume
+    rebuilds the best commit and the experiment count from this tag's events, kills a training run left by a killed
+    agent, adopts commits a human added on top of the best one when they leave train.py and the frozen files alone,
+    and appends a results.tsv row lost to a kill. Raises SetupError with the fix for anything it will not touch."""
     target = Path(args.target).resolve()
     check_target(target)
     constants = read_frozen_constants(target / "prepare.py")
     budget = effective_budget(constants["TIME_BUDGET"])
     repo = gitops.open_repo(target)
-    root = Path(repo.working_tree_dir).resolve()
     branch = f"autoresearch/{args.tag}"
     events_path = target / ledger.EVENTS
     ledger.end_with_newline(events_path)
@@ -171,26 +245,21 @@ def open_session(args):
                 best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
                 candidate_blobs=state.candidate_blobs, cost_usd=state.cost_usd, input_tokens=state.input_tokens,
-                output_tokens=state.output_tokens)
-    run_in_flight = state.stale_pgid is not None
-    if run_in_flight:
-        runner.kill_stale_run(state.stale_pgid, target)
+                output_tokens=state.output_tokens, home=gitops.harness_dir(repo, args.tag))
+    s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
+    if state.stale_run is not None:
+        runner.kill_stale_run(state.stale_run["pgid"], state.stale_run.get("cwd") or target)
 
-    # 1. the working tree: clean, or dirty only with what an interrupted iteration of this tag wrote
-    ours = set()
-    for rel in gitops.changed_files(repo):
-        path = root / rel
-        if rel == s.train_rel and path.exists() and git_blob_sha(path.read_bytes()) in s.candidate_blobs:
-            ours.add(rel)
-        elif rel in s.frozen_rels and run_in_flight:
-            ours.add(rel)
-        else:
-            dirty = ", ".join(gitops.changed_files(repo))
-            raise SetupError(f"uncommitted changes to tracked files: {dirty}. agent.py never stashes, resets or "
-                             "deletes your work: commit or stash them yourself, then rerun")
-    if ours and repo.active_branch.name != branch:
-        raise SetupError(f"{', '.join(sorted(ours))} changed, and {branch} is not checked out: "
-                         f"`git switch {branch}` and rerun to let the agent restore them")
+    # 1. the user's checkout: the target's code must be committed; the ratchet branch must not be checked out
+    dirty = [rel for rel in gitops.changed_files(repo) if rel in [s.train_rel, *s.frozen_rels]]
+    if dirty:
+        raise SetupError(f"uncommitted changes to {', '.join(dirty)}: the experiments run committed code only, so "
+                         "these edits would be ignored. agent.py never stashes, resets or deletes your work: commit "
+                         "or stash them yourself, then rerun")
+    if gitops.checked_out_in(repo, branch):
+        raise SetupError(f"{branch} is checked out in {', '.join(gitops.checked_out_in(repo, branch))}; the agent "
+                         "moves that branch itself and never touches your checkout: `git switch -` (or any other "
+                         "branch) there, then rerun")
 
     # 2. the branch: create it, or find the best commit of a resumed one
     if branch not in repo.heads:
@@ -198,30 +267,27 @@ def open_session(args):
             raise SetupError(f"{ledger.EVENTS} has experiments for tag {args.tag!r} but branch {branch} is gone; "
                              f"restore it with `git branch {branch} {kept[-1]['full_commit']}` or pick a new --tag")
         repo.create_head(branch, repo.head.commit)
-        repo.heads[branch].checkout()
         s.best_commit = repo.head.commit.hexsha
         s.log("start", new_branch=True, best=s.best_commit)
     else:
         # before the baseline is measured, whatever the branch holds is the baseline
         s.best_commit = kept[-1]["full_commit"] if kept else repo.heads[branch].commit.hexsha
-        if repo.active_branch.name != branch:
-            repo.heads[branch].checkout()
-        tip = repo.head.commit.hexsha
-        if tip != s.best_commit and not gitops.is_candidate(repo.head.commit, s.best_commit, s.train_rel,
-                                                             s.candidate_blobs):
-            raise SetupError(f"{branch} points at {tip[:7]}, which the agent did not make on top of the best commit "
-                             f"{s.best_commit[:7]}; move your commits elsewhere (e.g. `git branch -f {branch} "
-                             f"{s.best_commit[:7]}` after saving them on another branch) and rerun")
+        tip = repo.heads[branch].commit.hexsha
+        if tip != s.best_commit and repo.is_ancestor(tip, s.best_commit):
+            gitops.advance_branch(repo, branch, s.best_commit, tip)   # a kill between a keep's event and its move
+            s.log("advanced", n=s.next_n - 1, tip=tip, best=s.best_commit)
+        elif tip != s.best_commit:
+            adopt_human_commits(s, tip)
         s.log("start", new_branch=False, best=s.best_commit, experiments=len(history))
-        if tip != s.best_commit or ours:
-            if tip != s.best_commit:
-                gitops.make_candidate_ref(repo, args.tag, s.next_n, tip)   # a kill may have come before its ref
-            reset_to_best(s)
-            if ours & set(s.frozen_rels):
-                repo.git.checkout(s.best_commit, "--", *sorted(ours & set(s.frozen_rels)))
-            s.log("cleaned", n=s.next_n, tip=tip, restored=sorted(ours))
 
-    # 3. outputs and a row lost to a kill between the "experiment" event and its row
+    # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest
+    shutil.rmtree(s.home / "frozen", ignore_errors=True)
+    gitops.export_commit(repo, s.best_commit, s.target_rel, s.home / "frozen")
+    setup_sandbox(s)
+    if "METRIC_TOLERANCE" in constants:
+        s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
+
+    # 4. outputs and a row lost to a kill between the "experiment" event and its row
     gitops.ensure_ignored(repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG)])
     try:
         ledger.ensure_results_header(target / ledger.RESULTS, s.metric)
@@ -231,3 +297,54 @@ def open_session(args):
         ledger.append_line(target / ledger.RESULTS, ledger.results_row(history[-1]))
         s.log("row_restored", n=history[-1]["n"])
     return s, constants
+
+
+def adopt_human_commits(s, tip):
+    """The branch tip is not the best commit: commits a human added on top of it (steering: program.md, notes) are
+    adopted, and the tip becomes the base of the next candidates, if they leave train.py and the frozen files as
+    measured. Anything else is refused with the way out."""
+    untouched = s.repo.is_ancestor(s.best_commit, tip) and not s.repo.git.diff(
+        "--name-only", s.best_commit, tip, "--", s.train_rel, *s.frozen_rels)
+    if not untouched:
+        raise SetupError(f"{s.branch} points at {tip[:7]}, which changes train.py or {', '.join(FROZEN)} after the "
+                         f"best commit {s.best_commit[:7]} (or does not descend from it), so its result is unknown; "
+                         f"move those commits elsewhere (e.g. `git branch -f {s.branch} {s.best_commit[:7]}` after "
+                         "saving them on another branch), or start a new --tag from them")
+    s.log("adopted", previous_best=s.best_commit, tip=tip)
+    s.best_commit = tip
+
+
+def setup_sandbox(s):
+    """--sandbox auto|bwrap|off: wrap train.py in bubblewrap with the repository and the evaluator-only files
+    hidden (filled in by frozen_inputs), or say once which protections are missing."""
+    reason = sandbox.probe() if s.args.sandbox != "off" else "--sandbox off"
+    if reason is None:
+        s.wrap = lambda argv, run_dir: sandbox.wrap(argv, run_dir=run_dir, hide=s.hidden(), expose=s.exposed())
+        s.sandbox_env = sandbox.scratch_env()
+        console.say("sandbox: bubblewrap (read-only filesystem, repository and evaluation data hidden, no network)")
+        return
+    if s.args.sandbox == "bwrap":
+        raise SetupError(f"--sandbox bwrap: {reason}. Install bubblewrap (Debian/Ubuntu: apt install bubblewrap) "
+                         "or use --sandbox auto / off")
+    console.say(f"sandbox: off ({reason}); missing protections: " + "; ".join(sandbox.PROTECTIONS)
+                + ". Still on: hermetic run dirs, separate evaluation, the check of refs, results and your checkout "
+                "after each run.")
+
+
+def frozen_inputs(s, all_events, tolerance):
+    """Run the pristine `prepare.py --frozen-inputs`; record its digest when the tag starts, and refuse to resume
+    when the frozen inputs (prepare.py, tokenizer, evaluation data) changed since. Returns the evaluation settings."""
+    try:
+        p = subprocess.run([sys.executable, "prepare.py", "--frozen-inputs"], cwd=s.home / "frozen", env=clean_env(),
+                           capture_output=True, text=True, timeout=600)
+        found = json.loads(p.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        raise SetupError(f"prepare.py --frozen-inputs failed: {(p.stderr or p.stdout)[-2000:]}") from None
+    recorded = [e for e in all_events if e.get("tag") == s.args.tag and e.get("event") == "frozen_inputs"]
+    if recorded and recorded[0]["digest"] != found["digest"]:
+        raise SetupError(f"the frozen inputs changed since tag {s.args.tag!r} started (digest {found['digest'][:12]}, "
+                         f"recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer or the evaluation data "
+                         "differ, so new results would not be comparable. Restore them, or start a new --tag")
+    if not recorded:
+        s.log("frozen_inputs", digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"])
+    return {"digest": found["digest"], "tolerance": tolerance, "evaluator_only": found["evaluator_only"]}

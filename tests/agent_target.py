@@ -1,22 +1,39 @@
 """
 Test helper for agent.py (used by tests/test_agent.py and bench/bench_agent.py): a throwaway git repo holding a
-tiny target. prepare.py declares the contract constants and answers --check (data "prepared" when
-$AUTORESEARCH_CACHE/ready exists); train.py's metric is a known function of its UPPER_CASE constants:
-val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 (baseline 1.108000), peak_vram_mb = DEPTH*256 (baseline 2.0 GB).
-For a maximising target the printed metric is 3 - val_bpb.
+tiny target. prepare.py declares the contract constants, answers --check (data "prepared" when
+$AUTORESEARCH_CACHE/ready exists), --frozen-inputs and --evaluate ARTIFACT like the real ones; train.py's metric is a
+known function of its UPPER_CASE constants: val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 (baseline 1.108000),
+peak_vram_mb = DEPTH*256 (baseline 2.0 GB). Its "model artifact" is a JSON file of LR and DEPTH, which the separate
+evaluator scores with the same formula. For a maximising target the printed metric is 3 - val_bpb.
 """
 
 import git
 
 PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
 
 METRIC_NAME = "{metric}"
 METRIC_GOAL = "{goal}"
+METRIC_TOLERANCE = 1e-6
 TIME_BUDGET = 1
 PREFLIGHT = False
+
+
+def score(lr, depth):
+    val_bpb = 1.0 + abs(lr - 0.05) * 10 + depth / 1000
+    return {value}
+
+
+def frozen_inputs():
+    files = {{"prepare.py": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}}
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    val = Path(os.environ["AUTORESEARCH_CACHE"]) / "val.txt"
+    return {{"digest": digest, "files": files, "evaluator_only": [str(val)]}}
+
 
 if __name__ == "__main__":
     ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
@@ -24,11 +41,19 @@ if __name__ == "__main__":
         if not ready.exists():
             print("no prepared data: run `python prepare.py` first", file=sys.stderr)
             sys.exit(1)
+    elif "--frozen-inputs" in sys.argv:
+        print(json.dumps(frozen_inputs()))
+    elif "--evaluate" in sys.argv:
+        model = json.loads(Path(sys.argv[sys.argv.index("--evaluate") + 1]).read_text())
+        print("---")
+        print(f"{metric}: {{score(model['LR'], model['DEPTH']):.6f}}")
+        print(f"frozen_inputs: {{frozen_inputs()['digest']}}")
     else:
         ready.touch()
 '''
 
 TRAIN = '''"""MUTABLE: test stand-in for train.py; the metric is a known function of the constants."""
+import json
 import os
 import subprocess
 import sys
@@ -42,9 +67,13 @@ SLEEP = 0.0
 print("step 1 | loss 2.0 | key", os.environ.get("ANTHROPIC_API_KEY"))
 time.sleep(SLEEP)
 val_bpb = 1.0 + abs(LR - 0.05) * 10 + DEPTH / 1000
+if os.environ.get("AUTORESEARCH_ARTIFACT"):
+    with open(os.environ["AUTORESEARCH_ARTIFACT"], "w") as f:
+        json.dump({{"LR": LR, "DEPTH": DEPTH}}, f)
 print("---")
 print(f"{metric}:          {{{value}:.6f}}")
 print(f"peak_vram_mb:     {{DEPTH * 256:.1f}}")
+print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 '''
 
 
@@ -57,8 +86,8 @@ def make_target(root, metric="val_bpb", goal="min", subdir=""):
         c.set_value("user", "name", "test").set_value("user", "email", "test@example.com")
     (root / ".gitignore").write_text("__pycache__/\n")
     (target / "program.md").write_text("# program\nImprove val_bpb. Try the learning rate first.\n")
-    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal))
     value = "val_bpb" if goal == "min" else "3.0 - val_bpb"
+    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal, value=value))
     (target / "train.py").write_text(TRAIN.format(metric=metric, value=value))
     repo.git.add(A=True)
     repo.git.commit("-qm", "init")

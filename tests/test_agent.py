@@ -91,10 +91,12 @@ def test_baseline_keep_discard_rows_and_branch(target):
     assert rows(target) == [baseline_row(target),
                             f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR",
                             f"{discard[:7]}\t1.208000\t2.0\tdiscard\tlower LR"]
-    assert repo.active_branch.name == "autoresearch/t"
-    assert repo.head.commit.hexsha == keep and repo.head.commit.parents[0].hexsha == sha(target, "main")
-    assert repo.head.commit.message.strip() == "raise LR"
-    assert "LR = 0.05" in (target / "train.py").read_text() and tree_is_clean(target)
+    # the user's checkout never moved; the branch holds the baseline and the kept candidate
+    assert repo.active_branch.name == "main" and "LR = 0.04" in (target / "train.py").read_text()
+    branch = repo.commit("autoresearch/t")
+    assert branch.hexsha == keep and branch.parents[0].hexsha == sha(target, "main")
+    assert branch.message == "raise LR\n\nautoresearch: tag t, experiment 1\n"
+    assert "LR = 0.05" in repo.git.show("autoresearch/t:train.py") and tree_is_clean(target)
     # the discarded candidate stays reachable under its ref, with its edit
     assert repo.git.show(f"refs/autoresearch/t/0002-{discard[:7]}:train.py").count("LR = 0.03") == 1
     # the stable prefix is marked for caching; program.md, history and train.py are in the user turn
@@ -148,27 +150,34 @@ def test_crash_then_fix_then_keep(target):
     crashed, fixed = [e["full_commit"] for e in events(target, "commit")]
     assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t2.0\tkeep\traise LR"
     assert sha(target, "autoresearch/t") == fixed and events(target, "experiment")[1]["fixes"] == 1
-    assert git.Repo(target).head.commit.message == "raise LR\n\nfix 1: drop the bad import\n"
+    assert git.Repo(target).commit("autoresearch/t").message == ("raise LR\n\nfix 1: drop the bad import\n\n"
+                                                                 "autoresearch: tag t, experiment 1\n")
     assert sha(target, f"refs/autoresearch/t/0001-{crashed[:7]}") == crashed      # the crashed try stays reachable
     assert "no_such_module_xyz" in events(target, "run_end")[1]["log_tail"]
 
 
 def test_timeout_kills_the_whole_process_group(target):
-    spawn = ("SLEEP = 60.0\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-             "open('child.pid', 'w').write(str(child.pid))")
+    token = f"ar-timeout-{os.getpid()}-{time.time_ns()}"       # finds the grandchild in /proc (pids differ in a sandbox)
+    spawn = (f"SLEEP = 60.0\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])\n"
+             "print('child started', flush=True)")
     with ScriptedLLM([edit("sleep long", "SLEEP = 0.0", spawn)]) as llm:
         argv = ["--tag", "t", "--target", str(target), "--timeout", "2", "--max-experiments", "1",
                 "--proposer", "anthropic", "--base-url", llm.anthropic_url]
         assert agent.main(argv) == 0
     pgid = events(target, "run")[1]["pgid"]
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
-    with pytest.raises(ProcessLookupError):
-        os.kill(int((target / "child.pid").read_text()), 0)
+    assert live_members(pgid) == []
+    assert "child started" in (target / "run.log").read_text()
+    alive = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            alive += [p] if token.encode() in p.read_bytes() else []
+        except OSError:
+            pass
+    assert alive == []
     commit = events(target, "experiment")[1]["commit"]
     assert rows(target)[1] == f"{commit}\t0.000000\t0.0\tcrash\tsleep long (timeout after 2s)"
     assert len(llm.requests) == 1                                     # a timeout is not sent back for a fix
-    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target)
 
 
 def test_edit_touching_prepare_is_rejected(target):
@@ -186,10 +195,9 @@ def test_train_writing_to_prepare_at_run_time_is_rejected_and_restored(target):
     with ScriptedLLM([edit("raise LR", "LR = 0.04", hack)]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     commit = events(target, "experiment")[1]["commit"]
-    assert rows(target)[1] == (f"{commit}\t0.000000\t0.0\tcrash\t"
-                               "raise LR (rejected: train.py modified prepare.py (restored))")
+    assert rows(target)[1] == f"{commit}\t0.000000\t0.0\tcrash\traise LR (rejected: train.py modified prepare.py)"
     assert (target / "prepare.py").read_text() == original
-    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target) and len(llm.requests) == 1
+    assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target) and len(llm.requests) == 1
 
 
 # ---------------------------------------------------------------------------
@@ -214,7 +222,7 @@ def test_auth_error_and_unknown_model_stop_cleanly(target, capsys, monkeypatch, 
     assert f"HTTP {status}" in err and hint in err and SECRET not in err
     assert len(llm.requests) == 1                                     # not retried
     assert rows(target) == [baseline_row(target)]
-    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target)
     assert events(target)[-1]["event"] == "stop" and SECRET not in (target / "events.jsonl").read_text()
 
 
@@ -241,7 +249,7 @@ def test_blocking_pre_commit_hook_is_reported_not_bypassed(target, capsys):
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 1
     err = capsys.readouterr().err
     assert "blocked by the lint hook" in err and "does not bypass hooks" in err
-    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target)
     assert rows(target) == [baseline_row(target)]
 
 
@@ -250,13 +258,29 @@ def test_blocking_pre_commit_hook_is_reported_not_bypassed(target, capsys):
 # ---------------------------------------------------------------------------
 
 
-def test_dirty_tree_is_refused_and_left_intact(target, capsys):
-    (target / "program.md").write_text("my unsaved directions\n")
+def test_uncommitted_train_py_is_refused_and_left_intact(target, capsys):
+    (target / "train.py").write_text((target / "train.py").read_text() + "# my unsaved idea\n")
     assert run_agent(target, None, "anthropic", "--proposer", "random") == 2
     err = capsys.readouterr().err
-    assert "uncommitted changes to tracked files: program.md" in err and "commit or stash" in err
-    assert (target / "program.md").read_text() == "my unsaved directions\n"
+    assert "uncommitted changes to train.py" in err and "would be ignored" in err and "commit or stash" in err
+    assert (target / "train.py").read_text().endswith("# my unsaved idea\n")
     assert "autoresearch/t" not in git.Repo(target).heads and not (target / "results.tsv").exists()
+
+
+def test_uncommitted_program_md_steers_the_loop(target):
+    (target / "program.md").write_text("# program\nSteer: only touch DEPTH now.\n")       # edited, not committed
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert "Steer: only touch DEPTH now." in llm.requests[0][1]["messages"][0]["content"]
+    assert (target / "program.md").read_text() == "# program\nSteer: only touch DEPTH now.\n"
+    assert git.Repo(target).active_branch.name == "main"
+
+
+def test_ratchet_branch_checked_out_is_refused(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    git.Repo(target).git.switch("autoresearch/t")
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 2
+    assert "autoresearch/t is checked out in" in capsys.readouterr().err and len(rows(target)) == 1
 
 
 def test_no_key_and_no_proposer_names_both_ways(target, monkeypatch, capsys):
@@ -335,35 +359,56 @@ def test_lost_row_is_restored_once_on_resume(target):
     assert path.read_text() == complete
 
 
-def test_kill_between_commit_and_its_event_is_cleaned_on_resume(target):
-    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
-    # replay commit_candidate() up to the commit, as if SIGKILLed before the ref and the "commit" event
-    source = (target / "train.py").read_text().replace("LR = 0.04", "LR = 0.05")
-    line = {"ts": "2026-11-30T00:00:00+00:00", "event": "candidate", "tag": "t", "n": 1, "attempt": 0,
-            "blob": git_blob_sha(source.encode())}
-    with open(target / "events.jsonl", "a") as f:
-        f.write(json.dumps(line) + "\n")
-    (target / "train.py").write_text(source)
+def test_kill_between_keep_event_and_branch_move_is_finished_on_resume(target):
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    keep = events(target, "experiment")[1]["full_commit"]
     repo = git.Repo(target)
-    repo.git.commit("-qm", "raise LR", "--", "train.py")
-    orphan = repo.head.commit.hexsha
+    repo.git.update_ref("refs/heads/autoresearch/t", sha(target, "main"))   # as if killed before the update-ref
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
-    assert sha(target, f"refs/autoresearch/t/0001-{orphan[:7]}") == orphan
-    assert events(target, "cleaned")[0]["tip"] == orphan
-    assert [e["n"] for e in events(target, "experiment")] == [0, 1] and len(rows(target)) == 2
-    best = [e["full_commit"] for e in events(target, "experiment") if e["status"] == "keep"][-1]
-    assert sha(target, "HEAD") == best and tree_is_clean(target)
+    assert sha(target, "autoresearch/t") == keep and events(target, "advanced")[0]["best"] == keep
+    assert len(rows(target)) == 2
 
 
-def test_foreign_commit_on_the_branch_is_refused(target, capsys):
+def test_human_steering_commit_on_the_branch_is_adopted(target):
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
-    (target / "program.md").write_text("new directions\n")
     repo = git.Repo(target)
+    repo.git.switch("autoresearch/t")
+    (target / "program.md").write_text("new directions\n")
+    repo.git.commit("-qam", "steer: new directions")
+    mine = repo.head.commit.hexsha
+    repo.git.switch("main")
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    keep = events(target, "experiment")[1]
+    assert keep["status"] == "keep" and repo.commit(keep["full_commit"]).parents[0].hexsha == mine
+    assert sha(target, "autoresearch/t") == keep["full_commit"] and events(target, "adopted")[0]["tip"] == mine
+
+
+def test_human_commit_changing_train_py_on_the_branch_is_refused(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    repo = git.Repo(target)
+    repo.git.switch("autoresearch/t")
+    (target / "train.py").write_text((target / "train.py").read_text().replace("LR = 0.04", "LR = 0.06"))
     repo.git.commit("-qam", "my edit")
     mine = repo.head.commit.hexsha
+    repo.git.switch("main")
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 2
-    assert "which the agent did not make" in capsys.readouterr().err
+    assert "changes train.py" in capsys.readouterr().err
     assert sha(target, "autoresearch/t") == mine and len(rows(target)) == 1
+
+
+def live_members(pgid):
+    """Processes of group pgid that are not zombies (a container's PID 1 may never reap an orphan)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
 
 
 def start_agent(target, llm, *extra):
@@ -390,25 +435,23 @@ SLOW = edit("slow and better", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0"
             "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 30.0")
 
 
-def test_sigkill_mid_run_then_resume_is_consistent(target):
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_sigkill_mid_run_then_resume_is_consistent(target, sandbox):
     with ScriptedLLM([SLOW]) as llm:
-        proc = start_agent(target, llm)
+        proc = start_agent(target, llm, "--sandbox", sandbox)
         pgid = wait_for_run(target, 1, proc)
         proc.kill()
         proc.wait()
     killed = events(target, "commit")[0]["full_commit"]
-    assert sha(target, "HEAD") == killed                      # the half-done candidate is on the branch
-    os.killpg(pgid, 0)                                         # and its training run is still alive
-    with ScriptedLLM([RAISE_LR]) as llm:
-        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
+    assert sha(target, "autoresearch/t") == sha(target, "main")   # the half-done candidate never entered the branch
+    with ScriptedLLM([RAISE_LR]) as llm:                           # in the sandbox the run died with the agent;
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0   # else the resume kills it
+    assert live_members(pgid) == []
     keep = events(target, "experiment")[-1]["full_commit"]
     assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR"]
     assert [e["n"] for e in events(target, "experiment")] == [0, 1]
-    assert git.Repo(target).head.commit.parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
+    assert git.Repo(target).commit("autoresearch/t").parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
     assert sha(target, f"refs/autoresearch/t/0001-{killed[:7]}") == killed
-    assert events(target, "cleaned")[0]["tip"] == killed
 
 
 def test_sigterm_mid_run_kills_training_and_leaves_the_best_commit(target):
@@ -417,8 +460,7 @@ def test_sigterm_mid_run_kills_training_and_leaves_the_best_commit(target):
         pgid = wait_for_run(target, 1, proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 130
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
-    assert sha(target, "HEAD") == sha(target, "main") and tree_is_clean(target)
+    assert live_members(pgid) == []
+    assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target)
     assert rows(target) == [baseline_row(target)]
     assert events(target)[-1]["event"] == "stop" and events(target)[-1]["reason"] == "interrupted"

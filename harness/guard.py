@@ -1,0 +1,95 @@
+"""
+HARNESS: what a run may not change outside its run directory, checked around every run. Before: the repository's
+refs and HEAD, the tracked files already modified in the user's checkout, and the bytes of the harness's own files
+(results.tsv, events.jsonl). After: anything different is named, and what the harness owns is put back (its own
+files, refs, a tracked file that was clean before the run). Inside the bubblewrap sandbox none of this is even
+visible to the run; without it (macOS, no user namespaces) this is the protection. It never touches a file the user
+had modified before the run: a change to one is reported, not undone.
+"""
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+from harness.gitops import changed_files
+
+
+@dataclasses.dataclass
+class Snapshot:
+    refs: dict              # refname -> sha, every ref of the repository
+    head: str               # what HEAD points at: refs/heads/<branch>, or a sha when detached
+    dirty: dict             # rel path -> sha256 of the tracked files that differed from HEAD before the run
+    own: dict               # Path -> bytes of the harness's own files (None: did not exist)
+
+
+def take(repo, own_files):
+    """The Snapshot of the repository and the harness's files `own_files` now."""
+    root = Path(repo.working_tree_dir)
+    return Snapshot(refs=_refs(repo), head=_head(repo),
+                    dirty={rel: _sha(root / rel) for rel in changed_files(repo)},
+                    own={Path(p): (Path(p).read_bytes() if Path(p).exists() else None) for p in own_files})
+
+
+def check(repo, snap):
+    """Compare with the snapshot, restore what the harness owns, and return a list of what the run changed
+    (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"]."""
+    found = []
+    now = _refs(repo)
+    for ref in sorted(set(snap.refs) | set(now)):
+        before, after = snap.refs.get(ref), now.get(ref)
+        if before == after:
+            continue
+        if before is None:
+            repo.git.update_ref("-d", ref, after)
+            found.append(f"created {ref} (deleted)")
+        else:
+            repo.git.update_ref(ref, before)
+            found.append(f"{'moved' if after else 'deleted'} {ref} (restored)")
+    if _head(repo) != snap.head:
+        found.append(f"switched the checkout's HEAD from {snap.head} to {_head(repo)} (not undone: `git switch` back)")
+    root = Path(repo.working_tree_dir)
+    for rel in changed_files(repo):
+        if rel not in snap.dirty:
+            repo.git.checkout("HEAD", "--", rel)
+            found.append(f"modified {rel} in your checkout (restored from HEAD)")
+        elif _sha(root / rel) != snap.dirty[rel]:
+            found.append(f"modified {rel}, which you had edited, in your checkout (not undone: check it)")
+    for path, data in snap.own.items():
+        current = path.read_bytes() if path.exists() else None
+        if current != data:
+            _restore(path, data)
+            found.append(f"wrote {path.name} (restored)")
+    return found
+
+
+def _refs(repo):
+    """{refname: sha} of every ref."""
+    out = repo.git.for_each_ref("--format=%(refname) %(objectname)")
+    return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+
+def _head(repo):
+    """refs/heads/<branch> that HEAD points at, or its sha when detached."""
+    try:
+        return repo.git.symbolic_ref("-q", "HEAD")
+    except Exception:
+        return repo.git.rev_parse("HEAD")
+
+
+def _sha(path):
+    """sha256 of a file, or None when it does not exist (a deleted tracked file)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _restore(path, data):
+    """Put a harness file back as it was (atomically: write beside it, then rename)."""
+    if data is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".restore")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
