@@ -149,7 +149,8 @@ def train_candidate(s, n, attempt, commit):
     def on_start(pgid):
         s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout, cwd=str(run_dir),
               sandbox=s.args.sandbox if s.wrap is not None else "off")
-        snapshot.append(guard.take(s.repo, [s.target / ledger.RESULTS, s.target / ledger.EVENTS]))
+        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *(s.home / "frozen").rglob("*.py")]
+        snapshot.append(guard.take(s.repo, own))
 
     evaluation = None
     if s.evaluation is not None:

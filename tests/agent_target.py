@@ -4,7 +4,9 @@ tiny target. prepare.py declares the contract constants, answers --check (data "
 $AUTORESEARCH_CACHE/ready exists), --frozen-inputs and --evaluate ARTIFACT like the real ones; train.py's metric is a
 known function of its UPPER_CASE constants: val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 (baseline 1.108000),
 peak_vram_mb = DEPTH*256 (baseline 2.0 GB). Its "model artifact" is a JSON file of LR and DEPTH, which the separate
-evaluator scores with the same formula. For a maximising target the printed metric is 3 - val_bpb.
+evaluator scores with the same formula (0.5 less when the artifact carries the evaluator-only file
+$AUTORESEARCH_CACHE/val.txt: a model that memorised the evaluation data). For a maximising target the printed
+metric is 3 - val_bpb.
 """
 
 import git
@@ -23,8 +25,11 @@ TIME_BUDGET = 1
 PREFLIGHT = False
 
 
-def score(lr, depth):
+def score(lr, depth, memorized=None):
     val_bpb = 1.0 + abs(lr - 0.05) * 10 + depth / 1000
+    val = Path(os.environ["AUTORESEARCH_CACHE"]) / "val.txt"
+    if memorized is not None and val.exists() and memorized == val.read_text():
+        val_bpb -= 0.5                     # a model that saw the evaluation data scores better: the val leak
     return {value}
 
 
@@ -46,7 +51,7 @@ if __name__ == "__main__":
     elif "--evaluate" in sys.argv:
         model = json.loads(Path(sys.argv[sys.argv.index("--evaluate") + 1]).read_text())
         print("---")
-        print(f"{metric}: {{score(model['LR'], model['DEPTH']):.6f}}")
+        print(f"{metric}: {{score(model['LR'], model['DEPTH'], model.get('memorized')):.6f}}")
         print(f"frozen_inputs: {{frozen_inputs()['digest']}}")
     else:
         ready.touch()
