@@ -281,7 +281,9 @@ def open_session(args):
             adopt_human_commits(s, tip)
         s.log("start", new_branch=False, best=s.best_commit, experiments=len(history))
 
-    # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest
+    # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest (and no run dir
+    #    left by a killed agent: we hold the lock and killed its run)
+    shutil.rmtree(s.home / "runs", ignore_errors=True)
     shutil.rmtree(s.home / "frozen", ignore_errors=True)
     gitops.export_commit(repo, s.best_commit, s.target_rel, s.home / "frozen")
     setup_sandbox(s)
