@@ -1016,9 +1016,13 @@ def evaluate_main(artifact, device=None):
     """`--evaluate`: score the artifact and print the summary block the harness parses. Returns the exit code."""
     if device is not None:
         available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-        if not available.get(torch.device(device).type, False):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise PrepareError(f"--device {device}: not a device name; use cpu, cuda, cuda:N or mps")
+        if not available.get(device.type, False):
             raise PrepareError(f"--device {device}: not available here; leave --device out to pick cuda, mps or cpu")
-    device = torch.device(device) if device is not None else default_device()
+    device = device if device is not None else default_device()
     print(f"evaluate: {artifact} on {device.type}", flush=True)
     try:
         result = evaluate_artifact(artifact, device)
