@@ -10,23 +10,35 @@ Usage:
     uv run prepare.py --dataset tinystories --profile small     # a Mac or a small GPU
     uv run prepare.py --source ../shared/data/corpora --profile cpu   # offline: local .txt/.jsonl/.parquet
     uv run prepare.py --check                           # exit 0 if prepared data is ready (agent.py uses it)
+    uv run prepare.py --frozen-inputs                   # JSON: sha256 of everything that defines the metric
+    uv run prepare.py --evaluate run/model.pt2          # score a model artifact in this fresh process
 
 Everything is written to $AUTORESEARCH_CACHE (default ~/.cache/autoresearch). The evaluation constants
 (MAX_SEQ_LEN, EVAL_TOKENS, VOCAB_SIZE) come from the profile chosen here and are recorded with the data,
 so every train.py run on this cache is scored the same way.
+
+The number that ranks an experiment comes from `--evaluate`: a fresh interpreter running this file loads
+the self-contained program that evaluate_bpb exported from train.py's model (torch.export, when
+$AUTORESEARCH_ARTIFACT is set) and scores it. No code of train.py runs in that process, so nothing
+train.py does to itself (a printed summary, a patched evaluator, a shimmed torch) can change the score.
 """
 
 import argparse
 import errno
+import hashlib
+import io
 import itertools
 import json
 import math
 import os
 import pickle
+import random
 import re
 import shutil
+import socket
 import sys
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +49,7 @@ import requests
 import rustbpe
 import tiktoken
 import torch
+import torch.export.passes  # move_to_device_pass: an artifact exported on one device is scored on another
 import torch.nn.functional as F
 
 # ---------------------------------------------------------------------------
@@ -45,12 +58,25 @@ import torch.nn.functional as F
 
 METRIC_NAME = "val_bpb"  # what agent.py reads from the summary (with ast, never by importing)
 METRIC_GOAL = "min"      # lower bits per byte is better
+# The largest |val_bpb printed by train.py - val_bpb of `prepare.py --evaluate`| an honest run shows. They
+# differ only in arithmetic: train.py evaluates under its autocast (bf16 on GPUs and on CPUs with AMX /
+# AVX512-BF16), the separate evaluator runs the exported program in float32. Measured on the cpu profile
+# (depth 4, dim 256, bf16 in process, 2-core Xeon with AMX): gaps of 2e-6, 1.4e-5, 9e-6 and 1.2e-5 bpb
+# after 2, 20, 60 and 300 s of training; the bf16 noise per token (std 0.008 nats) puts 3 sigma of the
+# gap near 6e-5. The tolerance is ~7x the largest gap measured. Not yet measured on a GPU (FA3 vs SDPA).
+METRIC_TOLERANCE = 1e-4
 TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
 PREFLIGHT = False        # nothing to check before the loop beyond --check
 
 # Smoke tests and CI shorten the budget through this variable. train.py prints `budget_override: 1`
-# in its summary whenever it is set, so a shortened run can never pass for a real one.
+# in its summary whenever it sets a budget other than TIME_BUDGET, so a shortened run can never pass
+# for a real one.
 TIME_BUDGET_ENV = "AUTORESEARCH_TIME_BUDGET"
+# When set, evaluate_bpb first saves the model as a torch.export program at this path, for `--evaluate`.
+ARTIFACT_ENV = "AUTORESEARCH_ARTIFACT"
+# The exported program takes int64[EVAL_BATCH_ROWS, MAX_SEQ_LEN] tokens, the only shape `--evaluate`
+# feeds it (the last batch is padded). 32 rows keep the float32 logits of the default profile at 2 GiB.
+EVAL_BATCH_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -108,8 +134,9 @@ class PrepareError(Exception):
 def time_budget():
     """Effective training budget in seconds and whether it was overridden.
 
-    Returns (seconds: float, overridden: bool). Raises PrepareError if $AUTORESEARCH_TIME_BUDGET is
-    set but is not a positive number.
+    Returns (seconds: float, overridden: bool); overridden is True only when the budget differs from
+    TIME_BUDGET (setting the variable to 300 changes nothing). Raises PrepareError if
+    $AUTORESEARCH_TIME_BUDGET is set but is not a positive, finite number.
     """
     raw = os.environ.get(TIME_BUDGET_ENV)
     if raw is None or raw == "":
@@ -120,7 +147,7 @@ def time_budget():
         seconds = -1.0
     if not (seconds > 0 and math.isfinite(seconds)):
         raise PrepareError(f"{TIME_BUDGET_ENV}={raw!r} is not a positive, finite number of seconds; unset it or use e.g. {TIME_BUDGET_ENV}=30")
-    return seconds, True
+    return seconds, seconds != TIME_BUDGET
 
 # ---------------------------------------------------------------------------
 # Prepared-data record
@@ -162,7 +189,9 @@ def _meta_path(root):
 def load_prepared(root=None):
     """Read the record written at the end of a successful prepare.py run.
 
-    Raises PrepareError (naming the command to run) if the cache is missing, incomplete or corrupt.
+    Raises PrepareError (naming the command to run) if the cache is missing, incomplete or corrupt. The
+    val split is not required here: a training sandbox may hide it (see frozen_inputs); the code that
+    reads it (the evaluator, --check, --frozen-inputs) checks it.
     """
     root = Path(root) if root is not None else cache_dir()
     path = _meta_path(root)
@@ -175,8 +204,7 @@ def load_prepared(root=None):
         prepared = Prepared(root, meta["dataset"], meta["source"], profile, root / meta["data_dir"], meta["val_name"])
     except (ValueError, KeyError) as e:
         raise PrepareError(f"{path} is unreadable ({e}): re-run prepare.py with --force")
-    missing = [p for p in (prepared.data_dir / prepared.val_name, prepared.tokenizer_dir / "tokenizer.pkl",
-                           prepared.tokenizer_dir / "token_bytes.pt") if not p.exists()]
+    missing = [p for p in (prepared.tokenizer_dir / "tokenizer.pkl", prepared.tokenizer_dir / "token_bytes.pt") if not p.exists()]
     if missing:
         raise PrepareError(f"prepared data in {root} is incomplete ({missing[0]} is missing): re-run prepare.py with --force")
     return prepared
@@ -206,13 +234,36 @@ class OfflineError(PrepareError):
     pass
 
 
+def _name_not_resolved(error):
+    """True if error (from requests) comes from a failed DNS lookup: a socket.gaierror in its chain.
+
+    Such a failure is not transient (no network, no resolver, or a wrong host), so it is not retried.
+    """
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, socket.gaierror):
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return False
+
+
+def _offline_error(url):
+    return OfflineError(f"cannot reach {url.split('/')[2]} (offline?): prepare local text instead with --source PATH, "
+                        f"e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+
+
 def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
     """Download url to path: stream to path.tmp, validate it as parquet, then rename.
 
     A truncated or corrupt download is deleted and fetched again; an existing file is validated
-    before it counts as done. Retries with exponential backoff (backoff * 2**k seconds).
-    Raises OfflineError if the host cannot be reached at all, PrepareError on a 404 or when every
-    attempt failed.
+    before it counts as done. Retries with exponential backoff (backoff * 2**k seconds), except when
+    the host name does not resolve: that raises OfflineError at once. Raises OfflineError if the host
+    cannot be reached at all, PrepareError on a 404 or when every attempt failed.
     """
     path = Path(path)
     if path.exists():
@@ -239,6 +290,8 @@ def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
             os.replace(tmp, path)
             return path
         except (requests.ConnectionError, requests.Timeout) as e:
+            if _name_not_resolved(e):
+                raise _offline_error(url) from e
             last_error = e
         except (requests.RequestException, ValueError) as e:
             last_error, unreachable = e, False
@@ -250,8 +303,7 @@ def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
             tmp.unlink(missing_ok=True)
         print(f"  {path.name}: attempt {attempt + 1}/{attempts} failed: {last_error}")
     if unreachable:
-        raise OfflineError(f"cannot reach {url.split('/')[2]} (offline?): prepare local text instead with --source PATH, "
-                           f"e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+        raise _offline_error(url)
     raise PrepareError(f"could not download {url} after {attempts} attempts: {last_error}")
 
 
@@ -574,40 +626,153 @@ def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_
 # Evaluation (DO NOT CHANGE -- this is the fixed metric)
 # ---------------------------------------------------------------------------
 
+# The causality probe runs on batches drawn at random in every evaluation (from os.urandom, so neither
+# train.py nor the model can know which): 1 batch in 8, at least 2. A model that leaks the future on a
+# fraction f of the batches escapes k probes with probability (1 - f)^k; each probe is one forward pass.
+CAUSALITY_PROBE_EVERY = 8
+CAUSALITY_MIN_PROBES = 2
+
 
 class CausalityError(RuntimeError):
     """The model's logits at position t depend on tokens after t: it sees the future."""
 
 
+class ArtifactError(RuntimeError):
+    """The model artifact cannot be written, read or run; the message says why and what to change."""
+
+
+def _first_lines(error, lines=3, chars=600):
+    text = " ".join(line.strip() for line in str(error).strip().splitlines()[:lines] if line.strip())
+    return f"{type(error).__name__}: {text[:chars]}"
+
+
+def _device_of(model):
+    """The device of model's first parameter or buffer; cpu for a plain function or an empty module."""
+    if isinstance(model, torch.nn.Module):
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            return t.device
+    return torch.device("cpu")
+
+
 def _logits(model, x, vocab_size):
+    """model(x) as float32[B, T, vocab_size]. Raises ValueError for anything else (shape, dtype, a
+    tuple) and for non-finite values, naming what came back."""
     logits = model(x)
-    if not isinstance(logits, torch.Tensor) or logits.shape != (*x.shape, vocab_size):
-        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"evaluate_bpb calls model(x) with x of shape {tuple(x.shape)} and needs logits of shape "
+    if not (isinstance(logits, torch.Tensor) and logits.shape == (*x.shape, vocab_size) and logits.is_floating_point()):
+        got = f"{tuple(logits.shape)} {str(logits.dtype).replace('torch.', '')}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"evaluate_bpb calls model(x) with x of shape {tuple(x.shape)} and needs floating-point logits of shape "
                          f"{(*x.shape, vocab_size)}, got {got}; return logits (sliced to the vocab size) when no targets are given")
-    return logits.float()
+    logits = logits.float()
+    if not torch.isfinite(logits).all():
+        bad = (~torch.isfinite(logits)).sum().item()
+        raise ValueError(f"the model returned {bad} non-finite logits (NaN or inf) for validation tokens of shape {tuple(x.shape)}, "
+                         f"scored in float32: keep the logits finite (a softcap bounds them; mask with a large negative number, not -inf)")
+    return logits
 
 
 @torch.no_grad()
-def check_causality(model, x, vocab_size, base=None, tol=1e-3):
+def check_causality(model, x, vocab_size, base=None, tol=1e-3, generator=None):
     """Raise CausalityError if changing tokens after position t changes the logits at positions <= t.
 
     x: int64[B, T] real tokens; base: model logits for x if already computed. One extra forward pass of
-    the same shape (no recompilation): the first half of the rows is changed after t = T/3, the second
-    half after t = 2T/3, every later token replaced by a different one. Passes if the logits at positions
-    <= t agree within tol * (1 + max|logit|) (float32), which bf16 kernels meet and a future leak does not.
+    the same shape (no recompilation): in each row a cut c is drawn uniformly from [0, T-2] and every
+    token after c is replaced by a different one. Passes if the logits at positions <= c agree within
+    tol * (1 + max|logit|) (float32), which bf16 kernels meet and a future leak does not. generator: a
+    CPU torch.Generator for the cuts and replacement tokens; by default one seeded from os.urandom, so
+    the model cannot anticipate the probe.
     """
     base = _logits(model, x, vocab_size) if base is None else base
     B, T = x.shape
-    cuts = [T // 3 if b < max(1, B // 2) else (2 * T) // 3 for b in range(B)]
-    future = torch.arange(T, device=x.device)[None, :] > torch.tensor(cuts, device=x.device)[:, None]
-    noise = torch.randint(1, vocab_size, x.shape, generator=torch.Generator().manual_seed(0)).to(x.device)
+    if generator is None:
+        generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+    cuts = torch.randint(0, max(1, T - 1), (B, 1), generator=generator).to(x.device)
+    future = torch.arange(T, device=x.device)[None, :] > cuts
+    noise = torch.randint(1, vocab_size, x.shape, generator=generator).to(x.device)
     probe = _logits(model, torch.where(future, (x + noise) % vocab_size, x), vocab_size)
     diff = ((probe - base).abs() * ~future[..., None]).amax().item()
     if not diff <= tol * (1 + base.abs().max().item()):
         raise CausalityError(f"the model is not causal: changing only later tokens changed the logits at earlier positions "
                              f"by up to {diff:.4g}. A model that sees the future gets no score; check the attention mask "
                              f"(is_causal / window) and anything else that mixes positions")
+
+
+@torch.no_grad()
+def _score_bpb(model, tokenizer, batch_size, prepared, device):
+    """The metric itself, shared by evaluate_bpb (in train.py's process) and evaluate_artifact (a fresh one).
+
+    Scores exactly EVAL_TOKENS // MAX_SEQ_LEN rows of MAX_SEQ_LEN val tokens, whatever batch_size is: the
+    last batch is run at full size (no recompilation) and its extra rows are not counted. Batches drawn at
+    random (see CAUSALITY_PROBE_EVERY) also go through check_causality. model: callable int64[batch_size,
+    MAX_SEQ_LEN] on device -> logits. Returns (bpb: float, tokens: int, the rows scored x MAX_SEQ_LEN).
+    """
+    T, V = prepared.max_seq_len, prepared.vocab_size
+    rows = prepared.eval_tokens // T
+    n_batches = -(-rows // batch_size)
+    draw = random.SystemRandom()  # os.urandom: fresh in every evaluation, unseeded by anything train.py sets
+    n_probes = min(n_batches, max(CAUSALITY_MIN_PROBES, n_batches // CAUSALITY_PROBE_EVERY))
+    probed = set(draw.sample(range(n_batches), n_probes))
+    generator = torch.Generator().manual_seed(draw.getrandbits(63))
+    token_bytes = get_token_bytes(device, prepared)
+    loader = make_dataloader(tokenizer, batch_size, T, "val", device=device, prepared=prepared)
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
+    total_bytes = torch.zeros((), dtype=torch.int64, device=device)
+    for i in range(n_batches):
+        x, y, _ = next(loader)
+        logits = _logits(model, x, V)
+        if i in probed:
+            check_causality(model, x, V, base=logits, generator=generator)
+        n = min(rows - i * batch_size, batch_size)
+        nats = F.cross_entropy(logits[:n].reshape(-1, V), y[:n].reshape(-1), reduction="none")
+        nbytes = token_bytes[y[:n].reshape(-1)]
+        total_nats += (nats * (nbytes > 0)).sum(dtype=torch.float64)
+        total_bytes += nbytes.sum(dtype=torch.int64)
+    return total_nats.item() / (math.log(2) * total_bytes.item()), rows * T
+
+
+class _Forward(torch.nn.Module):
+    """A plain function as a module, so torch.export can trace it."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def export_model(model, path, prepared=None):
+    """Save model as a self-contained torch.export program at path: the input of `prepare.py --evaluate`.
+
+    model: callable int64[B, T] -> logits; an nn.Module, a torch.compile'd one (its _orig_mod is
+    exported) or a plain function. It is traced on its own device, with autocast switched off (float32
+    where the weights are float32), for the one input shape the evaluator feeds: int64[EVAL_BATCH_ROWS,
+    MAX_SEQ_LEN]. The file (weights included) is written through a temporary file and a rename. Returns path.
+    Raises ArtifactError (the cause chained) saying why the model could not be exported and what to change.
+    """
+    prepared = prepared or load_prepared()
+    path = Path(path)
+    module = getattr(model, "_orig_mod", model)
+    module = module if isinstance(module, torch.nn.Module) else _Forward(module)
+    device = _device_of(module)
+    shape = (EVAL_BATCH_ROWS, prepared.max_seq_len)
+    x = torch.randint(0, prepared.vocab_size, shape, generator=torch.Generator().manual_seed(0)).to(device)
+    try:
+        with torch.autocast(device.type, enabled=False):
+            program = torch.export.export(module, (x,))
+    except Exception as e:
+        raise ArtifactError(f"the model artifact could not be exported ({_first_lines(e)}). The score comes from a torch.export "
+                            f"program of model(x), x int64{list(shape)}, run in float32 by a fresh process without train.py: use only "
+                            f"torch ops that torch.export can trace (no .item(), .tolist() or Python branches on tensor values in "
+                            f"forward, no custom or hub kernels; a fast path can branch on torch.compiler.is_exporting())") from e
+    try:
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, buffer.getvalue())
+    except Exception as e:
+        raise ArtifactError(f"the model artifact could not be saved to {path} ({_first_lines(e)}): check that {ARTIFACT_ENV} names "
+                            f"a writable file on a disk with room for the weights") from e
+    return path
 
 
 @torch.no_grad()
@@ -619,35 +784,140 @@ def evaluate_bpb(model, tokenizer, batch_size, prepared=None):
     length of target token y, and special-token targets (0 bytes) excluded from both sums. Bits per byte
     does not depend on the tokenizer's vocabulary (Gao et al. 2020, The Pile, section 4.1).
 
-    Scores exactly EVAL_TOKENS // MAX_SEQ_LEN rows of MAX_SEQ_LEN tokens, whatever batch_size is: the
-    last batch is run at full size (no recompilation) and its extra rows are not counted. The first batch
-    also goes through check_causality before anything is scored.
+    Scores exactly EVAL_TOKENS // MAX_SEQ_LEN rows of MAX_SEQ_LEN tokens, batch_size rows per call, and
+    probes causality on randomly drawn batches (see _score_bpb). When $AUTORESEARCH_ARTIFACT is set the
+    model is first exported there (export_model) for the separate evaluator; if the val split is then not
+    readable (a sandbox keeps it from the training process) the result is nan and the score comes from
+    `prepare.py --evaluate`.
 
     model: callable int64[B, T] -> logits[B, T, vocab_size] (any float dtype). Returns bpb as a float.
-    Raises CausalityError for a model that sees the future, ValueError for logits of the wrong shape.
+    Raises CausalityError for a model that sees the future, ValueError for logits of the wrong shape or
+    non-finite ones, ArtifactError if the export fails, PrepareError if the val split is unreadable and no
+    artifact was asked for.
     """
     prepared = prepared or load_prepared()
-    T, V = prepared.max_seq_len, prepared.vocab_size
-    device = next(iter(model.parameters())).device if hasattr(model, "parameters") else torch.device("cpu")
-    token_bytes = get_token_bytes(device, prepared)
-    loader = make_dataloader(tokenizer, batch_size, T, "val", device=device, prepared=prepared)
-    rows_left = prepared.eval_tokens // T
-    total_nats = torch.zeros((), dtype=torch.float64, device=device)
-    total_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    first = True
-    while rows_left > 0:
-        x, y, _ = next(loader)
-        logits = _logits(model, x, V)
-        if first:
-            check_causality(model, x, V, base=logits)
-            first = False
-        n = min(rows_left, batch_size)
-        nats = F.cross_entropy(logits[:n].reshape(-1, V), y[:n].reshape(-1), reduction="none")
-        nbytes = token_bytes[y[:n].reshape(-1)]
-        total_nats += (nats * (nbytes > 0)).sum(dtype=torch.float64)
-        total_bytes += nbytes.sum(dtype=torch.int64)
-        rows_left -= n
-    return total_nats.item() / (math.log(2) * total_bytes.item())
+    artifact = os.environ.get(ARTIFACT_ENV)
+    if artifact:
+        t0 = time.time()
+        export_model(model, artifact, prepared)
+        print(f"evaluate_bpb: model exported to {artifact} in {time.time() - t0:.1f}s", flush=True)
+    val_path = prepared.data_dir / prepared.val_name
+    if not parquet_ok(val_path):
+        if artifact:
+            print("evaluate_bpb: the val split is evaluator-only here, so val_bpb is nan in this process; "
+                  "the score comes from the separate evaluator (prepare.py --evaluate)", flush=True)
+            return float("nan")
+        raise PrepareError(f"the val split {val_path} is missing or unreadable: re-run prepare.py with --force")
+    return _score_bpb(model, tokenizer, batch_size, prepared, _device_of(model))[0]
+
+
+def load_artifact(path, device="cpu"):
+    """Load a program written by export_model onto device, without running Python code from the file.
+
+    torch.export.load unpickles parts of an archive: entries holding pickled Python objects are refused
+    and every tensor is read with torch.load(weights_only=True), so a crafted file can hold tensors and a
+    graph of torch ops only. Returns a callable int64[EVAL_BATCH_ROWS, MAX_SEQ_LEN] -> logits.
+    Raises ArtifactError if the file is missing, is not a torch.export archive, or cannot be loaded.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"no model artifact at {path}: train.py's call of evaluate_bpb writes it when {ARTIFACT_ENV} is set; "
+                            f"make sure train.py still ends by calling evaluate_bpb on the trained model")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ArtifactError(f"the model artifact {path} is not a torch.export archive ({e}): let evaluate_bpb write it "
+                            f"(set {ARTIFACT_ENV}) instead of writing that file from train.py")
+    pickled = [n for n in names if Path(n).name.startswith(("custom_obj_", "opaque_obj_"))]
+    if pickled:
+        raise ArtifactError(f"the model artifact {path} holds pickled Python objects ({pickled[0]}), which the evaluator does not "
+                            f"load: keep script objects and custom classes out of the model; plain tensors and torch ops only")
+    forced = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch.export.load falls back to full unpickling otherwise
+    try:
+        program = torch.export.load(path)
+        program = torch.export.passes.move_to_device_pass(program, torch.device(device))
+        return program.module()
+    except Exception as e:
+        raise ArtifactError(f"the model artifact {path} cannot be loaded ({_first_lines(e)}): it must be written by evaluate_bpb "
+                            f"with {ARTIFACT_ENV} set, under this torch version, from built-in torch ops only (custom ops and hub "
+                            f"kernels do not exist in the evaluator's process)") from e
+    finally:
+        if forced is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = forced
+
+
+def default_device():
+    """cuda if available, else mps, else cpu (the separate evaluator's choice)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def evaluate_artifact(path, device=None, prepared=None):
+    """The separate evaluator behind `prepare.py --evaluate`: score the program export_model wrote.
+
+    Runs the shared scoring (_score_bpb) on the artifact in float32, EVAL_BATCH_ROWS rows per call, on
+    device (default: default_device()). On CUDA float32 matmuls use TF32 (10 mantissa bits, finer than
+    the bf16 of train.py's own evaluation). Returns {"val_bpb": float, "eval_seconds": float, "eval_tokens":
+    int, "frozen_inputs": the sha256 hex digest of frozen_inputs, taken before scoring}. Raises
+    ArtifactError (missing, corrupt or failing artifact), ValueError (logits of the wrong shape or dtype,
+    non-finite logits), CausalityError, PrepareError (no prepared data or val split).
+    """
+    prepared = prepared or load_prepared()
+    digest = frozen_inputs(prepared)["digest"]
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    program = load_artifact(path, device)
+    tokenizer = Tokenizer.from_directory(prepared.tokenizer_dir)
+
+    def model(x):
+        try:
+            return program(x)
+        except Exception as e:
+            raise ArtifactError(f"the model artifact {path} fails on validation tokens int64{list(x.shape)} ({_first_lines(e)}): "
+                                f"export it through evaluate_bpb, which traces exactly that input shape") from e
+
+    t0 = time.time()
+    bpb, tokens = _score_bpb(model, tokenizer, EVAL_BATCH_ROWS, prepared, device)
+    return {"val_bpb": bpb, "eval_seconds": time.time() - t0, "eval_tokens": tokens, "frozen_inputs": digest}
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def frozen_inputs(prepared=None):
+    """sha256 of everything that fixes the metric, keyed by role so that a copy elsewhere hashes the same.
+
+    Roles: "prepare.py" (this file's bytes, wherever it runs from), "prepared.json" (dataset and profile
+    constants), "tokenizer.pkl", "token_bytes", "val/<file name>". Returns {"digest": sha256 hex of the
+    sorted "role:sha256" lines, "files": {role: sha256 hex}, "evaluator_only": [absolute paths that the
+    training process must not read: the val split]}. Raises PrepareError if one of the files is missing.
+    """
+    prepared = prepared or load_prepared()
+    val_path = (prepared.data_dir / prepared.val_name).resolve()
+    paths = {"prepare.py": Path(__file__), "prepared.json": _meta_path(prepared.root),
+             "tokenizer.pkl": prepared.tokenizer_dir / "tokenizer.pkl", "token_bytes": prepared.tokenizer_dir / "token_bytes.pt",
+             f"val/{prepared.val_name}": val_path}
+    try:
+        files = {role: _sha256(p) for role, p in paths.items()}
+    except OSError as e:
+        raise PrepareError(f"cannot read {e.filename} to hash the frozen inputs ({e.strerror}): run this outside the training "
+                           f"sandbox, or re-run prepare.py with --force if the file is gone")
+    digest = hashlib.sha256("".join(f"{role}:{h}\n" for role, h in sorted(files.items())).encode()).hexdigest()
+    return {"digest": digest, "files": files, "evaluator_only": [str(val_path)]}
 
 # ---------------------------------------------------------------------------
 # Main
@@ -742,6 +1012,31 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     return load_prepared(root)
 
 
+def evaluate_main(artifact, device=None):
+    """`--evaluate`: score the artifact and print the summary block the harness parses. Returns the exit code."""
+    if device is not None:
+        available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise PrepareError(f"--device {device}: not a device name; use cpu, cuda, cuda:N or mps")
+        if not available.get(device.type, False):
+            raise PrepareError(f"--device {device}: not available here; leave --device out to pick cuda, mps or cpu")
+    device = device if device is not None else default_device()
+    print(f"evaluate: {artifact} on {device.type}", flush=True)
+    try:
+        result = evaluate_artifact(artifact, device)
+    except (ArtifactError, CausalityError, ValueError) as e:
+        print(f"prepare.py: error: {e}", file=sys.stderr)
+        return 1
+    print("---")
+    print(f"val_bpb:          {result['val_bpb']:.6f}")
+    print(f"eval_seconds:     {result['eval_seconds']:.1f}")
+    print(f"eval_tokens:      {result['eval_tokens']}")
+    print(f"frozen_inputs:    {result['frozen_inputs']}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Prepare data, tokenizer and evaluation constants for autoresearch (FROZEN).")
     parser.add_argument("--dataset", choices=["climbmix", "tinystories"], default="climbmix",
@@ -753,10 +1048,23 @@ def main(argv=None):
     parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
     parser.add_argument("--force", action="store_true", help="replace a cache prepared with another dataset or profile")
     parser.add_argument("--check", action="store_true", help="only check that prepared data exists; exit 0 if so")
+    parser.add_argument("--frozen-inputs", action="store_true",
+                        help="print JSON: sha256 digest of prepare.py, tokenizer and val split, and the evaluator-only paths")
+    parser.add_argument("--evaluate", metavar="ARTIFACT", help="score a model artifact written by evaluate_bpb (AUTORESEARCH_ARTIFACT)")
+    parser.add_argument("--device", help="device for --evaluate (default: cuda, else mps, else cpu)")
     args = parser.parse_args(argv)
     try:
+        if args.frozen_inputs:
+            print(json.dumps(frozen_inputs()))
+            return 0
+        if args.evaluate:
+            return evaluate_main(args.evaluate, args.device)
         if args.check:
             prepared = load_prepared()
+            val_path = prepared.data_dir / prepared.val_name
+            if not parquet_ok(val_path):
+                raise PrepareError(f"prepared data in {prepared.root} is incomplete ({val_path} is missing or unreadable): "
+                                   f"re-run prepare.py with --force")
             print(f"ready: {prepared.dataset} data in {prepared.root}")
             print(f"profile: {prepared.profile.name}")  # agent.py reads this line (train.py's PROFILE branch)
             return 0

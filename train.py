@@ -6,6 +6,10 @@ logit softcap) trained with Muon + AdamW for a fixed wall-clock budget, then sco
 evaluate_bpb in prepare.py. Runs on CUDA (Flash Attention 3 where it works, torch.compile, bf16),
 Apple MPS and CPU. Everything is fair game for the agent except the evaluation it imports.
 
+The harness scores a run with `prepare.py --evaluate` on the program that evaluate_bpb exports from the
+trained model (torch.export, $AUTORESEARCH_ARTIFACT): the model's forward must stay traceable by
+torch.export (plain torch ops; the FA3 fast path switches to SDPA while exporting).
+
 Usage:
     uv run train.py > run.log 2>&1            # after `uv run prepare.py ...`
     AUTORESEARCH_TIME_BUDGET=30 uv run train.py   # smoke test; the summary says budget_override: 1
@@ -15,6 +19,7 @@ import os
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import atexit
 import gc
 import math
 import sys
@@ -142,7 +147,8 @@ ATTENTION = f"fa3 ({fa3_info})" if fa3 is not None else "sdpa"
 
 
 def attention(q, k, v, window):
-    if fa3 is not None:
+    # FA3 is a hub kernel that torch.export cannot put into a self-contained program: export SDPA instead
+    if fa3 is not None and not torch.compiler.is_exporting():
         y = fa3.flash_attn_func(q, k, v, causal=True, window_size=(window, 0))
         return y[0] if isinstance(y, tuple) else y
     return sdpa_attention(q, k, v, window)
@@ -525,6 +531,9 @@ while True:
     if step == 0:  # everything allocated so far lives to the end: keep the GC from rescanning it
         gc.collect()
         gc.freeze()
+        # ... but let it collect them at exit: triton's nanobind bindings (imported by torch._dynamo when
+        # the optimizers were built) print ~30 "nanobind: leaked" lines after a frozen exit, even a crash's
+        atexit.register(gc.unfreeze)
     step += 1
     if step > EXCLUDED_STEPS and training_time >= budget_seconds:
         break
@@ -571,6 +580,7 @@ print(f"dtype:            {str(DTYPE).replace('torch.', '')}")
 print(f"attention:        {'fa3' if fa3 is not None else 'sdpa'}")
 print(f"eval_seconds:     {eval_seconds:.1f}")
 print(f"tokens_per_sec:   {trained_steps * TOTAL_BATCH_SIZE / training_time:.0f}")
+print(f"total_tokens:     {total_tokens}")
 print(f"peak_tflops:      {PEAK_FLOPS / 1e12:.2f}")
 print(f"peak_rss_mb:      {peak_rss_mb:.1f}")
 print(f"time_budget_s:    {budget_seconds:g}")

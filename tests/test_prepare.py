@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -162,6 +163,11 @@ def test_time_budget_override(monkeypatch):
     assert P.time_budget() == (300.0, False)
     monkeypatch.setenv(P.TIME_BUDGET_ENV, "12.5")
     assert P.time_budget() == (12.5, True)
+    for same in ("300", "300.0", " 300 "):  # the budget itself is no override: the run is a real one
+        monkeypatch.setenv(P.TIME_BUDGET_ENV, same)
+        assert P.time_budget() == (300.0, False)
+    monkeypatch.setenv(P.TIME_BUDGET_ENV, "299")
+    assert P.time_budget() == (299.0, True)
     for bad in ("soon", "-5", "0", "inf", "nan"):
         monkeypatch.setenv(P.TIME_BUDGET_ENV, bad)
         with pytest.raises(P.PrepareError, match="positive, finite number"):
@@ -264,7 +270,7 @@ def test_causality_probe_rejects_a_model_that_sees_the_future(tiny_cache, tokeni
 
 
 def test_evaluator_requires_logits_of_the_vocab_shape(tiny_cache, tokenizer):
-    with pytest.raises(ValueError, match="needs logits of shape"):
+    with pytest.raises(ValueError, match="needs floating-point logits of shape"):
         P.evaluate_bpb(Uniform(384), tokenizer, 8, prepared=tiny_cache)
 
 # ---------------------------------------------------------------------------
@@ -354,6 +360,15 @@ def test_offline_error_names_source(tmp_path):
         port = s.getsockname()[1]
     with pytest.raises(P.OfflineError, match="--source"):
         P.download_file(f"http://127.0.0.1:{port}/s.parquet", tmp_path / "s.parquet", attempts=2, backoff=0)
+
+
+def test_unresolvable_host_fails_at_once_without_retries(tmp_path, capsys):
+    """A name that does not resolve is not transient (offline, no resolver): no backoff, no retry lines."""
+    t0 = time.time()
+    with pytest.raises(P.OfflineError, match=r"cannot reach nonexistent.invalid \(offline\?\).*--source"):
+        P.download_file("http://nonexistent.invalid/shard_00000.parquet", tmp_path / "s.parquet", attempts=5, backoff=2.0)
+    assert time.time() - t0 < 1.9  # the first retry alone would wait backoff = 2 s
+    assert "attempt" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
 def test_climbmix_download_pins_the_val_shard(server, tmp_path):

@@ -1,0 +1,348 @@
+"""Tests of the separate evaluator: the model artifact, `prepare.py --evaluate`, `--frozen-inputs`.
+
+The score that ranks an experiment comes from a fresh interpreter running a pristine prepare.py on the
+program that evaluate_bpb exported (AUTORESEARCH_ARTIFACT). These tests export small models, run that
+evaluator in a subprocess (or through main() where only the error path matters) and compare its number
+with the in-process one and with values computed by hand.
+"""
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import prepare as P
+from test_train import parse_summary, run_train, train_definitions
+
+REPO = Path(__file__).resolve().parents[1]
+CORPORA = REPO.parent / "shared" / "data" / "corpora"
+# Six evaluator batches of EVAL_BATCH_ROWS rows: enough for the random causality probe to matter.
+ROWS = 6 * P.EVAL_BATCH_ROWS
+EVAL = P.Profile("eval-test", max_seq_len=64, eval_tokens=64 * ROWS, vocab_size=320, doc_chars=160)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """tinyshakespeare prepared with a small profile in a throwaway cache."""
+    return P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), EVAL, 1, 1, False, root=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache):
+    return P.Tokenizer.from_directory(cache.tokenizer_dir)
+
+
+def evaluate(artifact, cache_root, script=REPO / "prepare.py", cwd=None):
+    """`python prepare.py --evaluate artifact` in a fresh interpreter, as the harness runs it."""
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache_root)}
+    env.pop(P.ARTIFACT_ENV, None)
+    return subprocess.run([sys.executable, str(script), "--evaluate", str(artifact), "--device", "cpu"],
+                          cwd=cwd or script.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def export(model, path, cache, monkeypatch, tokenizer, batch_size=7):
+    """Export through evaluate_bpb as train.py does; returns the in-process val_bpb."""
+    monkeypatch.setenv(P.ARTIFACT_ENV, str(path))
+    bpb = P.evaluate_bpb(model, tokenizer, batch_size, prepared=cache)
+    monkeypatch.delenv(P.ARTIFACT_ENV)
+    assert path.is_file()
+    return bpb
+
+
+def cli_error(capsys, artifact, cache, monkeypatch):
+    """main(['--evaluate', artifact]) in this process: (exit code, stderr). For the error paths only."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache.root))
+    code = P.main(["--evaluate", str(artifact), "--device", "cpu"])
+    return code, capsys.readouterr().err
+
+
+class Uniform(torch.nn.Module):
+    """Equal logits for every token: the model that knows nothing."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.V = V
+
+    def forward(self, x):
+        return torch.zeros(*x.shape, self.V)
+
+
+class Bigram(torch.nn.Module):
+    """Logits from the current token only: causal, and not uniform."""
+
+    def __init__(self, V):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        return self.table[x]
+
+
+class PeeksOnSomeRows(Bigram):
+    """A bigram that reads the next token, but only in rows whose first token after BOS is a trigger."""
+
+    def __init__(self, V, triggers):
+        super().__init__(V)
+        self.register_buffer("trigger", torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.tensor(sorted(triggers)), True))
+
+    def forward(self, x):
+        peek = self.trigger[x[:, 1]][:, None, None]
+        return torch.where(peek, self.table[torch.roll(x, -1, dims=1)], self.table[x])
+
+# ---------------------------------------------------------------------------
+# round trips: the separate evaluator reproduces the in-process number
+
+
+def test_tiny_gpt_round_trip_matches_in_process(cache, tokenizer, tmp_path, monkeypatch):
+    T = train_definitions()
+    torch.manual_seed(0)
+    cfg = T["GPTConfig"](sequence_len=64, vocab_size=320, n_layer=2, n_head=2, n_embd=32, window_pattern="SL")
+    model = T["GPT"](cfg)
+    model.init_weights()
+    with torch.no_grad():  # init leaves the projections at zero; perturb so attention really mixes positions
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    in_process = export(model, tmp_path / "gpt.pt2", cache, monkeypatch, tokenizer)
+    # a pristine copy of prepare.py elsewhere, run from yet another directory
+    pristine = tmp_path / "pristine"
+    pristine.mkdir()
+    shutil.copy(REPO / "prepare.py", pristine / "prepare.py")
+    result = evaluate(tmp_path / "gpt.pt2", cache.root, script=pristine / "prepare.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = parse_summary(result.stdout)
+    assert list(summary) == ["val_bpb", "eval_seconds", "eval_tokens", "frozen_inputs"]
+    assert abs(float(summary["val_bpb"]) - in_process) < 1e-5  # float32 in both: equal up to summation order
+    assert 4 < in_process < 12  # a perturbed random model: a little worse than uniform (log2(320)/~3 bytes)
+    assert int(summary["eval_tokens"]) == ROWS * 64
+    assert summary["frozen_inputs"] == P.frozen_inputs(cache)["digest"]
+
+
+def test_uniform_artifact_scores_log2_vocab_times_tokens_per_byte(cache, tokenizer, tmp_path, monkeypatch):
+    V, T = 320, 64
+    _, y, _ = next(P.make_dataloader(tokenizer, ROWS, T, "val", prepared=cache))
+    nbytes = P.get_token_bytes(prepared=cache)[y.reshape(-1)]
+    scored_tokens = (nbytes > 0).sum().item()
+    expected = math.log2(V) * scored_tokens / nbytes.sum().item()
+    assert scored_tokens < ROWS * T  # BOS targets are excluded from the sum
+    P.export_model(Uniform(V), tmp_path / "uniform.pt2", cache)
+    result = P.evaluate_artifact(tmp_path / "uniform.pt2", "cpu", cache)
+    assert result["val_bpb"] == pytest.approx(expected, rel=1e-6)
+    assert result["eval_tokens"] == ROWS * T
+    # and through the CLI of a fresh interpreter, printed to 6 decimals
+    cli = evaluate(tmp_path / "uniform.pt2", cache.root)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert float(parse_summary(cli.stdout)["val_bpb"]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_plain_function_and_compiled_module_export(cache, tmp_path):
+    """train.py may pass a torch.compile'd module (its _orig_mod is exported) or a plain function."""
+    model = Bigram(320)
+    P.export_model(torch.compile(model), tmp_path / "compiled.pt2", cache)
+    P.export_model(lambda x: model(x) * 2, tmp_path / "function.pt2", cache)
+    x = torch.randint(0, 320, (P.EVAL_BATCH_ROWS, 64))
+    torch.testing.assert_close(P.load_artifact(tmp_path / "compiled.pt2")(x), model(x))
+    torch.testing.assert_close(P.load_artifact(tmp_path / "function.pt2")(x), 2 * model(x))
+
+# ---------------------------------------------------------------------------
+# the causality probe runs on random batches
+
+
+def test_leak_on_later_batches_only_is_caught(cache, tokenizer, tmp_path, capsys, monkeypatch):
+    loader = P.make_dataloader(tokenizer, P.EVAL_BATCH_ROWS, 64, "val", prepared=cache)
+    batches = [next(loader)[0] for _ in range(ROWS // P.EVAL_BATCH_ROWS)]
+    first_row_tokens = [set(x[:, 1].tolist()) for x in batches]
+    triggers = set().union(*first_row_tokens[1:]) - first_row_tokens[0]
+    assert all(tokens & triggers for tokens in first_row_tokens[1:])  # every later batch has rows that leak
+    model = PeeksOnSomeRows(320, triggers)
+    # on the first batch it is exactly the causal bigram: probing only that batch could not see the leak
+    torch.testing.assert_close(model(batches[0]), Bigram(320)(batches[0]), rtol=0, atol=0)
+    with pytest.raises(P.CausalityError, match="not causal"):
+        P.check_causality(model, batches[1], 320)
+    # with 6 batches and 2 random probes, at least one probe lands on a leaking batch, every time
+    P.export_model(model, tmp_path / "leaky.pt2", cache)
+    for _ in range(3):
+        code, err = cli_error(capsys, tmp_path / "leaky.pt2", cache, monkeypatch)
+        assert code == 1 and "the model is not causal" in err
+    with pytest.raises(P.CausalityError):
+        P.evaluate_bpb(model, tokenizer, 32, prepared=cache)
+
+
+def test_probe_cuts_cover_late_positions(cache):
+    """A leak confined to the last positions of a row (beyond the old fixed cuts at T/3 and 2T/3) is caught."""
+    class PeeksNearTheEnd(Bigram):
+        def forward(self, x):
+            late = torch.arange(x.shape[1]) > 2 * x.shape[1] // 3
+            return torch.where(late[None, :, None], self.table[torch.roll(x, -1, dims=1)], self.table[x])
+    x = torch.randint(0, 320, (P.EVAL_BATCH_ROWS, 64), generator=torch.Generator().manual_seed(0))
+    for _ in range(5):
+        with pytest.raises(P.CausalityError):
+            P.check_causality(PeeksNearTheEnd(320), x, 320)
+    P.check_causality(Bigram(320), x, 320)  # a causal model passes
+
+# ---------------------------------------------------------------------------
+# bad artifacts: a clear message and a non-zero exit
+
+
+def test_missing_artifact_exits_non_zero_with_a_message(cache, tmp_path):
+    result = evaluate(tmp_path / "nothing.pt2", cache.root)
+    assert result.returncode == 1
+    assert "no model artifact at" in result.stderr and P.ARTIFACT_ENV in result.stderr
+    assert "Traceback" not in result.stderr and "val_bpb" not in result.stdout
+
+
+def test_corrupt_and_truncated_artifacts_are_refused(cache, tmp_path, capsys, monkeypatch):
+    (tmp_path / "garbage.pt2").write_bytes(b"this is not a zip archive")
+    code, err = cli_error(capsys, tmp_path / "garbage.pt2", cache, monkeypatch)
+    assert code == 1 and "is not a torch.export archive" in err
+    P.export_model(Bigram(320), tmp_path / "good.pt2", cache)
+    data = (tmp_path / "good.pt2").read_bytes()
+    (tmp_path / "cut.pt2").write_bytes(data[: len(data) // 2])
+    code, err = cli_error(capsys, tmp_path / "cut.pt2", cache, monkeypatch)
+    assert code == 1 and "torch.export archive" in err
+
+
+def test_pickled_objects_in_the_archive_are_refused(cache, tmp_path, capsys, monkeypatch):
+    """torch.export.load would unpickle these (arbitrary code); the evaluator refuses them before loading."""
+    P.export_model(Bigram(320), tmp_path / "good.pt2", cache)
+    with zipfile.ZipFile(tmp_path / "good.pt2") as src, zipfile.ZipFile(tmp_path / "evil.pt2", "w") as dst:
+        prefix = src.namelist()[0].split("/")[0]
+        for name in src.namelist():
+            dst.writestr(name, src.read(name))
+        dst.writestr(f"{prefix}/data/constants/opaque_obj_0", b"cos\nsystem\n(S'echo pwned'\ntR.")
+    code, err = cli_error(capsys, tmp_path / "evil.pt2", cache, monkeypatch)
+    assert code == 1 and "pickled Python objects" in err and "opaque_obj_0" in err
+
+
+class WrongVocab(Bigram):
+    def forward(self, x):
+        return torch.cat([self.table[x], torch.zeros(*x.shape, 1)], dim=-1)
+
+
+class IntegerLogits(Bigram):
+    def forward(self, x):
+        return self.table[x].round().long()
+
+
+class NonFinite(Bigram):
+    def forward(self, x):
+        return self.table[x] / (x[..., None] != 7).float()  # inf wherever token 7 is the input
+
+
+@pytest.mark.parametrize("model, message", [
+    (WrongVocab(320), r"needs floating-point logits of shape \(32, 64, 320\), got \(32, 64, 321\) float32"),
+    (IntegerLogits(320), r"needs floating-point logits .* got \(32, 64, 320\) int64"),
+    (NonFinite(320), r"non-finite logits \(NaN or inf\)"),
+])
+def test_bad_logits_are_refused(cache, tmp_path, capsys, monkeypatch, model, message):
+    P.export_model(model, tmp_path / "bad.pt2", cache)
+    code, err = cli_error(capsys, tmp_path / "bad.pt2", cache, monkeypatch)
+    assert code == 1 and re.search(message, err), err
+
+
+def test_artifact_of_another_input_shape_is_refused(cache, tmp_path, capsys, monkeypatch):
+    program = torch.export.export(Bigram(320), (torch.zeros(4, 64, dtype=torch.long),))
+    torch.export.save(program, tmp_path / "small-batch.pt2")
+    code, err = cli_error(capsys, tmp_path / "small-batch.pt2", cache, monkeypatch)
+    assert code == 1 and "fails on validation tokens int64[32, 64]" in err and "evaluate_bpb" in err
+
+
+def test_untraceable_model_names_the_fix(cache, tmp_path):
+    class BranchesOnValues(Bigram):
+        def forward(self, x):
+            if x.sum() > 0:  # Python control flow on a tensor value: torch.export cannot trace it
+                return self.table[x]
+            return -self.table[x]
+    with pytest.raises(P.ArtifactError, match="could not be exported.*use only torch ops that torch.export can trace"):
+        P.export_model(BranchesOnValues(320), tmp_path / "x.pt2", cache)
+    assert not (tmp_path / "x.pt2").exists()
+
+# ---------------------------------------------------------------------------
+# the training process without the val split (the harness's sandbox)
+
+
+def test_hidden_val_split_gives_nan_after_exporting(cache, tokenizer, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "cache"
+    shutil.copytree(cache.root, root)
+    hidden = P.load_prepared(root)
+    (hidden.data_dir / hidden.val_name).unlink()
+    assert P.load_prepared(root).val_name == hidden.val_name  # train.py still starts without the val split
+    monkeypatch.setenv(P.ARTIFACT_ENV, str(tmp_path / "model.pt2"))
+    assert math.isnan(P.evaluate_bpb(Bigram(320), tokenizer, 32, prepared=hidden))
+    assert "the score comes from the separate evaluator" in capsys.readouterr().out
+    assert (tmp_path / "model.pt2").is_file()
+    # the evaluator, which sees the val split, scores the artifact as the in-process evaluation would
+    monkeypatch.delenv(P.ARTIFACT_ENV)
+    expected = P.evaluate_bpb(Bigram(320), tokenizer, 32, prepared=cache)
+    assert P.evaluate_artifact(tmp_path / "model.pt2", "cpu", cache)["val_bpb"] == pytest.approx(expected, abs=1e-6)
+    # without an artifact to hand over, a missing val split is an error that says what to do
+    with pytest.raises(P.PrepareError, match="val split .* is missing or unreadable: re-run prepare.py with --force"):
+        P.evaluate_bpb(Bigram(320), tokenizer, 32, prepared=hidden)
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(root))
+    assert P.main(["--check"]) == 1 and "is missing or unreadable" in capsys.readouterr().err
+
+# ---------------------------------------------------------------------------
+# frozen inputs
+
+
+def frozen_cli(script, cache_root, cwd):
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache_root)}
+    result = subprocess.run([sys.executable, str(script), "--frozen-inputs"], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_frozen_inputs_digest_is_stable_across_copies_and_tracks_changes(cache, tmp_path):
+    here = P.frozen_inputs(cache)
+    assert set(here["files"]) == {"prepare.py", "prepared.json", "tokenizer.pkl", "token_bytes", "val/val.parquet"}
+    assert here["evaluator_only"] == [str((cache.data_dir / "val.parquet").resolve())]
+    lines = "".join(f"{role}:{h}\n" for role, h in sorted(here["files"].items()))
+    assert here["digest"] == hashlib.sha256(lines.encode()).hexdigest()
+    # a pristine copy of prepare.py elsewhere, run from another directory, gives the same digest
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "prepare.py", tmp_path / name / "prepare.py")
+    assert frozen_cli(tmp_path / "a" / "prepare.py", cache.root, cwd=tmp_path) == here
+    # an edited prepare.py changes it
+    with open(tmp_path / "b" / "prepare.py", "a") as f:
+        f.write("\n# an edit\n")
+    edited = frozen_cli(tmp_path / "b" / "prepare.py", cache.root, cwd=tmp_path / "b")
+    assert edited["digest"] != here["digest"]
+    assert {r for r in here["files"] if here["files"][r] != edited["files"][r]} == {"prepare.py"}
+    # so does a changed val file (in a copy of the cache)
+    root = tmp_path / "cache"
+    shutil.copytree(cache.root, root)
+    copy = P.load_prepared(root)
+    assert P.frozen_inputs(copy)["digest"] == here["digest"]  # keyed by role, not by absolute path
+    with open(copy.data_dir / copy.val_name, "ab") as f:
+        f.write(b"\0")
+    changed = P.frozen_inputs(copy)
+    assert {r for r in here["files"] if here["files"][r] != changed["files"][r]} == {"val/val.parquet"}
+    assert changed["digest"] != here["digest"]
+
+# ---------------------------------------------------------------------------
+# a real train.py run, scored by the separate evaluator
+
+
+def test_train_run_artifact_scores_within_metric_tolerance(cpu_cache, tmp_path):
+    artifact = tmp_path / "run" / "model.pt2"
+    result = run_train(cpu_cache, budget=2, env={P.ARTIFACT_ENV: str(artifact)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "nanobind" not in result.stdout + result.stderr
+    in_process = float(parse_summary(result.stdout)["val_bpb"])
+    assert artifact.is_file()
+    separate = evaluate(artifact, cpu_cache, cwd=tmp_path)
+    assert separate.returncode == 0, separate.stderr[-3000:]
+    summary = parse_summary(separate.stdout)
+    assert abs(float(summary["val_bpb"]) - in_process) <= P.METRIC_TOLERANCE, (summary["val_bpb"], in_process)
+    assert int(summary["eval_tokens"]) == P.PROFILES["cpu"].eval_tokens
+    assert summary["frozen_inputs"] == P.frozen_inputs(P.load_prepared(cpu_cache))["digest"]
