@@ -74,6 +74,7 @@ PREFLIGHT = False        # nothing to check before the loop beyond --check
 TIME_BUDGET_ENV = "AUTORESEARCH_TIME_BUDGET"
 # When set, evaluate_bpb first saves the model as a torch.export program at this path, for `--evaluate`.
 ARTIFACT_ENV = "AUTORESEARCH_ARTIFACT"
+ARTIFACT_NAME = "model.pt2"     # the harness names the artifact file so (torch.export loads *.pt2 directly)
 # The exported program takes int64[EVAL_BATCH_ROWS, MAX_SEQ_LEN] tokens, the only shape `--evaluate`
 # feeds it (the last batch is padded). 32 rows keep the float32 logits of the default profile at 2 GiB.
 EVAL_BATCH_ROWS = 32

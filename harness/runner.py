@@ -76,7 +76,7 @@ def run(spec):
     result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     env = {**clean_env(), **spec.env}
-    rc, seconds, timed_out = run_process(spec.wrap([sys.executable, "train.py"]), spec.cwd, spec.log, env,
+    rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, env,
                                          spec.timeout, spec.on_start, spec.on_tick)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
@@ -117,7 +117,7 @@ def evaluate(spec, outcome):
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
     t0 = time.monotonic()
     text_before = len(read_log(spec.log))
-    rc, _, timed_out = run_process(ev.wrap([sys.executable, str(ev.prepare_dir / "prepare.py"), "--evaluate",
+    rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
                                             str(ev.artifact)]), ev.prepare_dir, spec.log,
                                    {**clean_env(), **spec.env}, spec.timeout, lambda pgid: None, spec.on_tick,
                                    append=True)
@@ -139,6 +139,15 @@ def evaluate(spec, outcome):
                           f"frozen evaluator measured {metric:.6f} (tolerance {ev.tolerance:g})")
     else:
         outcome.metric = metric
+
+
+def interpreter():
+    """This Python, named through the real path of its environment: a virtualenv reached through a symlink stays a
+    virtualenv, and the path exists inside the sandbox (which binds real paths)."""
+    try:
+        return str(Path(sys.prefix).resolve() / Path(sys.executable).relative_to(sys.prefix))
+    except ValueError:
+        return sys.executable
 
 
 def _same_budget(text, budget):

@@ -154,11 +154,12 @@ def train_candidate(s, n, attempt, commit):
 
     evaluation = None
     if s.evaluation is not None:
-        evaluation = runner.Evaluation(prepare_dir=s.home / "frozen", artifact=run_dir / "artifact",
+        evaluation = runner.Evaluation(prepare_dir=s.home / "frozen", artifact=run_dir / s.evaluation["artifact"],
                                        digest=s.evaluation["digest"], tolerance=s.evaluation["tolerance"])
     spec = runner.RunSpec(
         commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
-        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_ARTIFACT": str(run_dir / "artifact"),
+        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}",
+             "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
              **s.sandbox_env},
         wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
         budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
@@ -289,6 +290,7 @@ def open_session(args):
     setup_sandbox(s)
     if "METRIC_TOLERANCE" in constants:
         s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
+        s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
 
     # 4. outputs and a row lost to a kill between the "experiment" event and its row
     gitops.ensure_ignored(repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG)])
