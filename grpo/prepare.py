@@ -106,18 +106,26 @@ def time_budget() -> tuple[float, bool]:
 # A number as written in a model's answer: optional minus (ASCII, unicode minus, en dash) glued to it, optional
 # currency, digits with proper thousands separators or plain digits, optional decimals. The lookbehind keeps
 # "5-3" from reading as "-3" and "x2" from reading as "2"; a spaced " - 3" is subtraction, so the sign must touch
-# the digits. Units, "%" and a sentence's final period simply follow the match.
+# the digits. Only ASCII letters count as glued: Qwen sometimes answers in Chinese ("答案是18"), and CJK
+# characters are word characters too. Units, "%" and a sentence's final period simply follow the match.
 _NUMBER = re.compile(
-    r"(?<![\w.])(?P<minus>[-\u2212\u2013])?(?:[$\u20ac\u00a3\u00a5]\s?)?"
+    r"(?<![A-Za-z_.\d])(?P<minus>[-\u2212\u2013])?(?:[$\u20ac\u00a3\u00a5]\s?)?"
     r"(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 )
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
-_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)|答案\s*(?:是|为|為|:|：)", re.IGNORECASE)
+# No GSM8K answer comes near this; Python refuses int() of a string over 4,300 digits (ValueError), and a
+# model can ramble out a number that long.
+_MAX_NUMBER_CHARS = 100
 
 
-def _numbers(text: str) -> list[Fraction]:
+def _numbers(text: str) -> list[Fraction | None]:
+    """Every number in text, in order; None stands for one too long to be an answer (it can match nothing)."""
     values = []
     for m in _NUMBER.finditer(text):
+        if len(m.group("digits")) > _MAX_NUMBER_CHARS:
+            values.append(None)
+            continue
         value = Fraction(m.group("digits").replace(",", ""))
         values.append(-value if m.group("minus") else value)
     return values
@@ -139,13 +147,15 @@ def _boxed(text: str) -> list[str]:
 
 
 def extract_answer(text: str) -> Fraction | None:
-    """The final numeric answer in a model's output, or None if it states no number.
+    """The final numeric answer in a model's output, or None if it states no number it can read.
 
     Rules, first that yields a number wins: the first number after the last "####" (GSM8K's own format);
     the last \\boxed{...} (a \\frac{a}{b} inside counts as a/b); the first number after the last
     "answer is" / "answer:"; else the last number in the text. Numbers may carry thousands separators
     (1,234 and LaTeX 1{,}234), currency signs, units, a percent sign, a minus sign and decimals; a
-    trailing period is punctuation. Returns an exact Fraction so that 18, 18.0 and $18.00 compare equal.
+    trailing period is punctuation; "答案是" / "答案：" count as "answer is". Returns an exact Fraction so that
+    18, 18.0 and $18.00 compare equal. A number the rules pick that is over _MAX_NUMBER_CHARS characters long
+    gives None (never an exception): no answer is that long, and the rules do not fall back to another number.
     """
     text = text.replace("{,}", ",").replace("\\$", "$").replace("\\%", "%")
     if "####" in text:
@@ -156,7 +166,7 @@ def extract_answer(text: str) -> Fraction | None:
         frac = _FRAC.search(content)
         if frac:
             num, den = _numbers(frac.group(1)), _numbers(frac.group(2))
-            if len(num) == 1 and len(den) == 1 and den[0] != 0:
+            if len(num) == 1 and len(den) == 1 and None not in (num[0], den[0]) and den[0] != 0:
                 negative = content[:frac.start()].strip().endswith(("-", "\u2212"))
                 return -num[0] / den[0] if negative else num[0] / den[0]
         inside = _numbers(content)
@@ -199,7 +209,7 @@ def parse_row(row: object, where: str) -> Problem:
         raise ValueError(f"{where}: the answer has no final '#### N' line (GSM8K format)")
     gold = extract_answer(row["answer"])
     if gold is None:
-        raise ValueError(f"{where}: no number after '####' in the answer")
+        raise ValueError(f"{where}: no number (of at most {_MAX_NUMBER_CHARS} characters) after '####' in the answer")
     return Problem(row["question"], row["answer"], gold)
 
 

@@ -159,12 +159,30 @@ EXTRACTION_TABLE = [
     ("There are 12 - 5 left", 5),
     ("It costs \\$\\boxed{\\$18}", 18),
     ("The 3rd day she runs 4 miles, so the answer is 4 miles.", 4),
+    ("答案是18", 18),                                   # Qwen sometimes answers in Chinese
+    ("她每天赚18美元。", 18),
+    ("答案：18，不是20", 18),
+    ("第3天她跑了4英里", 4),
+    ("x2", None),                                       # ASCII letters still glue: a name, not a number
 ]
 
 
 @pytest.mark.parametrize("text, expected", EXTRACTION_TABLE)
 def test_extract_answer(text, expected):
     assert prepare.extract_answer(text) == (None if expected is None else Fraction(expected))
+
+
+def test_extraction_survives_enormous_numbers():
+    """int() refuses strings over 4,300 digits; a rambling model must cost a reward of 0, never a crash."""
+    huge = "9" * 5000
+    assert prepare.extract_answer(f"The answer is {huge}") is None
+    assert prepare.reward(f"The answer is {huge}", Fraction(18)) == 0.0
+    # the rules pick the huge number and do not fall back to an earlier, matching one
+    assert prepare.reward(f"I think 18.\n#### {huge}", Fraction(18)) == 0.0
+    assert prepare.reward(f"\\boxed{{\\frac{{{huge}}}{{2}}}} so 18", Fraction(18)) == 0.0
+    assert prepare.extract_answer("1" * 100) == int("1" * 100)  # the longest number still read
+    with pytest.raises(ValueError, match=r"row 3: no number \(of at most 100 characters\) after '####'"):
+        prepare.parse_row({"question": "q", "answer": f"#### {huge}"}, "row 3")
 
 
 def test_reward_is_exact_numeric_match():
