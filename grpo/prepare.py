@@ -648,6 +648,7 @@ def save_artifact(model, directory: Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+        tmp.chmod(0o644)  # safetensors creates it 0600; the evaluator may run as another user than train.py
         tmp.replace(path)
     except Exception as e:  # OSError, or safetensors' own error on a short write: all mean the same here
         with contextlib.suppress(OSError):

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir, task_dir = make_tiny(args.out, args.warm_start_steps, args.seed)
     print(f"model: {model_dir}\ntask:  {task_dir}\n"
-          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; uv run prepare.py --source {task_dir}")
+          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; uv run prepare.py --source {task_dir}\n"
+          "       (add --force if $AUTORESEARCH_CACHE already holds data from another source)")
     return 0
 
 

@@ -42,11 +42,11 @@ from prepare import (build_prompt, eos_ids, evaluate_and_report, get_device, loa
 # ---------------------------------------------------------------------------
 
 # "cuda" is the real target (Qwen2.5-0.5B). On a CPU only tiny.py's offline stand-in is practical, and its
-# smoke runs last ~20 s: the cpu branch exists so that they show learning, not to be tuned.
+# smoke runs last ~30 s: the cpu branch exists so that they show learning, not to be tuned.
 PROFILE = get_device().type
 
 if PROFILE == "cpu":
-    PROMPTS_PER_STEP = 8         # small steps: ~1 s each on one core, ~15 in a 20 s smoke run
+    PROMPTS_PER_STEP = 8         # small steps, 0.5-1 s each on one core: ~50 in a 30 s smoke run
     MAX_COMPLETION_TOKENS = 16   # the stand-in answers "#### k" in 7 tokens
     LEARNING_RATE = 1e-3         # a ~0.1M-parameter model from scratch: 2e-6 leaves it unchanged (KL 0) for a run
 else:

@@ -397,6 +397,7 @@ def test_artifact_holds_weights_only_and_loads_strictly(tiny_dir, tmp_path, monk
     policy, _ = _nudged_policy(tiny_dir, monkeypatch)
     path = prepare.save_artifact(policy, tmp_path / "good")
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.safetensors"]  # no config, no tokenizer
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by an evaluator running as another user
     weights = safetensors.torch.load_file(path)
     state = policy.state_dict()
     assert sorted(weights) == sorted(k for k in state if k != "lm_head.weight")  # the tied head is stored once
