@@ -11,15 +11,27 @@ Usage (cwd = grpo/):
     uv run prepare.py --source DIR --force    # replace data prepared from another source
     uv run prepare.py --check             # exit 0 if the prepared data is usable
     uv run prepare.py --preflight         # exit 0 if the base model gives a usable training signal
+    uv run prepare.py --evaluate DIR      # score DIR/model.safetensors (saved by train.py) in this fresh process
+    uv run prepare.py --frozen-inputs     # JSON: digest of this file and the test split, evaluator-only paths
+
+Scoring happens in two places that share one code path (evaluate + print_summary). Standalone, train.py
+ends with evaluate_and_report(), which scores the policy in its own process. Under the harness, train.py
+also saves the policy's weights (AUTORESEARCH_ARTIFACT) and cannot read the test split; the ranked pass@1
+then comes from `prepare.py --evaluate DIR` in a fresh interpreter that takes nothing from train.py but
+the weights: architecture, config, tokenizer, chat template, reward and decoding all come from here and
+from the base model, so nothing train.py patches at run time can change the number.
 
 Environment:
     AUTORESEARCH_CACHE        cache root (default ~/.cache/autoresearch); data lives in its grpo/ subfolder
     AUTORESEARCH_GRPO_MODEL   base model: a local directory or a hub id (default BASE_MODEL)
     AUTORESEARCH_TIME_BUDGET  seconds of training, overrides TIME_BUDGET for smoke tests
+    AUTORESEARCH_ARTIFACT     folder where evaluate_and_report() saves the policy's weights for --evaluate
     HF_ENDPOINT               Hugging Face mirror (default https://huggingface.co)
 """
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -34,6 +46,7 @@ from pathlib import Path
 import torch
 
 try:  # transformers is an optional extra (`uv sync --extra rl`); --check reports its absence clearly
+    import safetensors.torch
     import transformers
 except ImportError:
     transformers = None
@@ -42,8 +55,15 @@ except ImportError:
 # Constants (fixed, do not modify)
 # ---------------------------------------------------------------------------
 
-METRIC_NAME = "pass@1"        # read by agent.py with ast: keep these four plain literals
+METRIC_NAME = "pass@1"        # read by agent.py with ast: keep these five plain literals
 METRIC_GOAL = "max"
+# The largest honest |in-process pass@1 - `--evaluate` pass@1|. Both run the same code on the same float32
+# weights, so on CPU they agree exactly (measured: 0 with the tiny model). 0.02 (10 of the 500 problems) covers
+# GPU runs: the evaluator always builds a float32 model under bf16 autocast, so a train.py that keeps its policy
+# in bf16 decodes with a bf16 residual stream in-process and an fp32 one in the evaluator; over ~300 greedy
+# tokens some answers diverge and a few flip either way (about +-1.5 points by a binomial estimate, not yet
+# measured on a GPU). A larger gap means train.py changed its own scoring.
+METRIC_TOLERANCE = 0.02
 TIME_BUDGET = 600             # seconds of GRPO training per experiment (evaluation comes on top, ~2 min on one H100)
 PREFLIGHT = True              # agent.py runs `prepare.py --preflight` once before the loop
 
@@ -106,18 +126,26 @@ def time_budget() -> tuple[float, bool]:
 # A number as written in a model's answer: optional minus (ASCII, unicode minus, en dash) glued to it, optional
 # currency, digits with proper thousands separators or plain digits, optional decimals. The lookbehind keeps
 # "5-3" from reading as "-3" and "x2" from reading as "2"; a spaced " - 3" is subtraction, so the sign must touch
-# the digits. Units, "%" and a sentence's final period simply follow the match.
+# the digits. Only ASCII letters count as glued: Qwen sometimes answers in Chinese ("答案是18"), and CJK
+# characters are word characters too. Units, "%" and a sentence's final period simply follow the match.
 _NUMBER = re.compile(
-    r"(?<![\w.])(?P<minus>[-\u2212\u2013])?(?:[$\u20ac\u00a3\u00a5]\s?)?"
+    r"(?<![A-Za-z_.\d])(?P<minus>[-\u2212\u2013])?(?:[$\u20ac\u00a3\u00a5]\s?)?"
     r"(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 )
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
-_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)|答案\s*(?:是|为|為|:|：)", re.IGNORECASE)
+# No GSM8K answer comes near this; Python refuses int() of a string over 4,300 digits (ValueError), and a
+# model can ramble out a number that long.
+_MAX_NUMBER_CHARS = 100
 
 
-def _numbers(text: str) -> list[Fraction]:
+def _numbers(text: str) -> list[Fraction | None]:
+    """Every number in text, in order; None stands for one too long to be an answer (it can match nothing)."""
     values = []
     for m in _NUMBER.finditer(text):
+        if len(m.group("digits")) > _MAX_NUMBER_CHARS:
+            values.append(None)
+            continue
         value = Fraction(m.group("digits").replace(",", ""))
         values.append(-value if m.group("minus") else value)
     return values
@@ -139,13 +167,15 @@ def _boxed(text: str) -> list[str]:
 
 
 def extract_answer(text: str) -> Fraction | None:
-    """The final numeric answer in a model's output, or None if it states no number.
+    """The final numeric answer in a model's output, or None if it states no number it can read.
 
     Rules, first that yields a number wins: the first number after the last "####" (GSM8K's own format);
     the last \\boxed{...} (a \\frac{a}{b} inside counts as a/b); the first number after the last
     "answer is" / "answer:"; else the last number in the text. Numbers may carry thousands separators
     (1,234 and LaTeX 1{,}234), currency signs, units, a percent sign, a minus sign and decimals; a
-    trailing period is punctuation. Returns an exact Fraction so that 18, 18.0 and $18.00 compare equal.
+    trailing period is punctuation; "答案是" / "答案：" count as "answer is". Returns an exact Fraction so that
+    18, 18.0 and $18.00 compare equal. A number the rules pick that is over _MAX_NUMBER_CHARS characters long
+    gives None (never an exception): no answer is that long, and the rules do not fall back to another number.
     """
     text = text.replace("{,}", ",").replace("\\$", "$").replace("\\%", "%")
     if "####" in text:
@@ -156,7 +186,7 @@ def extract_answer(text: str) -> Fraction | None:
         frac = _FRAC.search(content)
         if frac:
             num, den = _numbers(frac.group(1)), _numbers(frac.group(2))
-            if len(num) == 1 and len(den) == 1 and den[0] != 0:
+            if len(num) == 1 and len(den) == 1 and None not in (num[0], den[0]) and den[0] != 0:
                 negative = content[:frac.start()].strip().endswith(("-", "\u2212"))
                 return -num[0] / den[0] if negative else num[0] / den[0]
         inside = _numbers(content)
@@ -199,7 +229,7 @@ def parse_row(row: object, where: str) -> Problem:
         raise ValueError(f"{where}: the answer has no final '#### N' line (GSM8K format)")
     gold = extract_answer(row["answer"])
     if gold is None:
-        raise ValueError(f"{where}: no number after '####' in the answer")
+        raise ValueError(f"{where}: no number (of at most {_MAX_NUMBER_CHARS} characters) after '####' in the answer")
     return Problem(row["question"], row["answer"], gold)
 
 
@@ -323,11 +353,11 @@ def download(force: bool = False) -> None:
     record_source(GSM8K_REPO)
 
 
-def check() -> str | None:
-    """None if the prepared data and transformers are usable, else a one-line message naming the fix."""
+def check(splits: tuple[str, ...] = SPLITS) -> str | None:
+    """None if transformers and the prepared `splits` are usable, else a one-line message naming the fix."""
     if transformers is None:
         return "transformers is not installed: run `uv sync --extra rl`"
-    for split in SPLITS:
+    for split in splits:
         path = cache_dir() / f"{split}.jsonl"
         if not path.is_file():
             return (f"GSM8K {split} split missing at {path}: run `uv run prepare.py` in grpo/ "
@@ -340,8 +370,11 @@ def check() -> str | None:
 
 
 def load_problems(split: str) -> list[Problem]:
-    """The cached split ("train" or "test"). Raises SystemExit naming the prepare command if it is missing."""
-    problem = check()
+    """The cached split ("train" or "test"). Raises SystemExit naming the prepare command if it is missing.
+
+    Only that split is checked: under the harness, train.py runs where the test split is hidden.
+    """
+    problem = check((split,))
     if problem:
         raise SystemExit(problem)
     return read_jsonl(cache_dir() / f"{split}.jsonl")
@@ -354,6 +387,49 @@ def eval_problems() -> list[Problem]:
         return test
     keep = sorted(random.Random(EVAL_SEED).sample(range(len(test)), EVAL_SIZE))
     return [test[i] for i in keep]
+
+
+def is_test_split_hidden() -> bool:
+    """True if this process cannot read the test split: missing, unreadable or empty.
+
+    The harness runs train.py in a sandbox that hides the evaluator-only files (frozen_inputs()) by leaving
+    them out, denying access or mounting an empty file over them; all three read as hidden.
+    """
+    try:
+        with open(cache_dir() / "test.jsonl", "rb") as f:
+            return not f.read(1)
+    except OSError:
+        return True
+
+
+# ---------------------------------------------------------------------------
+# Frozen inputs: what the metric depends on, hashed, so the harness can pin it
+# ---------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def frozen_inputs() -> dict:
+    """The files that define pass@1, hashed by role (not by path, so any copy of them gives the same digest).
+
+    Returns {"digest": sha256 hex of the sorted "role:sha256" lines joined by newlines,
+             "files": {"prepare.py": sha256 of this file's bytes, "test.jsonl": sha256 of the cached test split},
+             "evaluator_only": [absolute path of the test split: the training process must not read it]}.
+    Raises SystemExit naming the prepare command if the test split is missing.
+    """
+    test = cache_dir() / "test.jsonl"
+    if not test.is_file():
+        raise SystemExit(f"GSM8K test split missing at {test}: run `uv run prepare.py` in grpo/ "
+                         "(offline: `uv run prepare.py --source DIR`) with the same AUTORESEARCH_CACHE")
+    files = {"prepare.py": _sha256(Path(__file__)), "test.jsonl": _sha256(test)}
+    lines = "\n".join(f"{role}:{sha}" for role, sha in sorted(files.items()))
+    return {"digest": hashlib.sha256(lines.encode()).hexdigest(), "files": files,
+            "evaluator_only": [str(test.resolve())]}
 
 
 # ---------------------------------------------------------------------------
@@ -510,8 +586,8 @@ def evaluate(model, tokenizer, problems: list[Problem] | None = None) -> EvalRes
 def print_summary(result: EvalResult, **extra) -> None:
     """Print example outputs, then the summary block agent.py parses: `---`, then `key: value` lines.
 
-    pass@1 comes first, then counts, timing and peak memory, then the fixed settings, then `extra`
-    (train.py's own numbers, e.g. training_seconds, num_steps), in the order given.
+    pass@1 comes first, then counts, timing and peak memory, then the fixed settings and the frozen_inputs()
+    digest, then `extra` (train.py's own numbers, e.g. training_seconds, num_steps), in the order given.
     """
     for question, completion, gold in result.samples:
         print(f"example question: {question[:200]!r}\nexample output:   {completion[:400]!r}\ngold: {gold}")
@@ -519,7 +595,7 @@ def print_summary(result: EvalResult, **extra) -> None:
     lines = {
         "pass@1": f"{result.pass_at_1:.6f}",
         "correct": result.correct,
-        "total": result.total,
+        "num_problems": result.total,
         "truncated": result.truncated,
         "no_answer": result.no_answer,
         "eval_seconds": f"{result.seconds:.1f}",
@@ -527,6 +603,7 @@ def print_summary(result: EvalResult, **extra) -> None:
         "max_new_tokens": MAX_NEW_TOKENS,
         "model": model_name(),
         "time_budget_s": f"{budget:g}",
+        "frozen_inputs": frozen_inputs()["digest"],
     }
     if overridden:
         lines["budget_override"] = 1
@@ -534,6 +611,125 @@ def print_summary(result: EvalResult, **extra) -> None:
     print("---")
     for key, value in lines.items():
         print(f"{key + ':':<18}{value}")
+
+
+# ---------------------------------------------------------------------------
+# The policy's weights as an artifact, scored in a fresh process (`--evaluate DIR`)
+# ---------------------------------------------------------------------------
+
+ARTIFACT_WEIGHTS = "model.safetensors"   # Hugging Face's name for a one-file safetensors state dict
+
+
+def _unique_tensors(state: dict) -> dict:
+    """state without the later names of tied tensors (Qwen2.5-0.5B's lm_head is its embedding matrix): kept
+    under the first name, as save_pretrained does. safetensors refuses two names for one memory."""
+    seen, unique = set(), {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor
+    return unique
+
+
+def save_artifact(model, directory: Path) -> Path:
+    """Save the model's weights, and nothing else, to directory/ARTIFACT_WEIGHTS; returns that path.
+
+    A safetensors state dict in the model's own dtypes, tied tensors stored once. Written to a temp file and
+    renamed, so a crash never leaves half a file for the evaluator. A torch.compile wrapper is looked through.
+    Raises SystemExit naming the folder and the fix if it cannot be written (permission, disk full, a file
+    where the folder should be).
+    """
+    model = getattr(model, "_orig_mod", model)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in _unique_tensors(model.state_dict()).items()}
+    megabytes = sum(t.numel() * t.element_size() for t in tensors.values()) / 1e6
+    path = Path(directory) / ARTIFACT_WEIGHTS
+    tmp = path.with_name(ARTIFACT_WEIGHTS + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+        tmp.chmod(0o644)  # safetensors creates it 0600; the evaluator may run as another user than train.py
+        tmp.replace(path)
+    except Exception as e:  # OSError, or safetensors' own error on a short write: all mean the same here
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise SystemExit(f"could not save the policy's weights to {path} ({type(e).__name__}: {e}); without them "
+                         f"this run cannot be scored. Make AUTORESEARCH_ARTIFACT={directory} a writable folder with "
+                         f"{megabytes:.1f} MB free, or unset it to score in this process only") from None
+    return path
+
+
+def load_artifact(model, directory: Path) -> None:
+    """Copy directory/ARTIFACT_WEIGHTS into `model`'s parameters, strictly, converting dtype and device.
+
+    Every tensor of the model (tied ones once) must be there with its exact shape, and nothing else may be:
+    the evaluator scores the base architecture, never one a training script built. Raises SystemExit
+    listing missing keys, unexpected keys and wrong shapes (a few of each) and how to save correctly.
+    """
+    path = Path(directory) / ARTIFACT_WEIGHTS
+    if not path.is_file():
+        raise SystemExit(f"no weights to score: {path} does not exist. train.py must end with "
+                         "prepare.evaluate_and_report(policy, tokenizer) while AUTORESEARCH_ARTIFACT names that folder")
+    try:
+        weights = safetensors.torch.load_file(path)
+    except Exception as e:  # a truncated or foreign file: safetensors raises its own error type
+        raise SystemExit(f"{path} is not a readable safetensors file ({e}); save it with prepare.save_artifact") from None
+    expected = _unique_tensors(model.state_dict())
+    missing = sorted(expected.keys() - weights.keys())
+    unexpected = sorted(weights.keys() - expected.keys())
+    wrong = [f"{k}: {str(weights[k].dtype)[6:]} {tuple(weights[k].shape)}, base {tuple(expected[k].shape)}"
+             for k in expected
+             if k in weights and (weights[k].shape != expected[k].shape or not weights[k].is_floating_point())]
+    problems = [f"{len(items)} {what} ({', '.join(items[:3])}{', ...' if len(items) > 3 else ''})"
+                for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                    ("wrong shapes or non-float tensors", wrong)) if items]
+    if problems:
+        raise SystemExit(f"{path} does not fit the base model {model_name()!r}: " + "; ".join(problems) + ". The "
+                         "evaluator builds the base architecture from its own config and loads weights strictly: train "
+                         "that architecture (merge LoRA adapters, keep the parameter names) and save it with "
+                         "prepare.evaluate_and_report")
+    with torch.no_grad():
+        for name, tensor in expected.items():
+            tensor.copy_(weights[name])
+
+
+def evaluate_and_report(model, tokenizer, **extra) -> float:
+    """The end of train.py: save the weights if the harness asks for them, then score here if the test split
+    is readable. Returns pass@1, or NaN when the test split is hidden (the score then comes from --evaluate).
+
+    With AUTORESEARCH_ARTIFACT=DIR the weights go to DIR first (save_artifact), before anything that could fail.
+    Standalone, it evaluates and prints the summary (print_summary, `extra` appended) as always. Under the
+    harness the test split is hidden: it prints one line saying so (with `extra`) and no summary. Raises
+    SystemExit if the split is hidden and AUTORESEARCH_ARTIFACT is unset (nothing could score the run).
+    """
+    artifact = os.environ.get("AUTORESEARCH_ARTIFACT")
+    if artifact:
+        save_artifact(model, Path(artifact))
+    if is_test_split_hidden():
+        if not artifact:
+            raise SystemExit(f"the test split {cache_dir() / 'test.jsonl'} is missing or unreadable and "
+                             "AUTORESEARCH_ARTIFACT is not set, so nothing can score this run: run `uv run prepare.py` "
+                             "(or --source DIR) for a standalone run, or set AUTORESEARCH_ARTIFACT=DIR and score it "
+                             "with `prepare.py --evaluate DIR`")
+        details = "".join(f" {key}={value}" for key, value in extra.items())
+        print(f"score: pass@1 comes from the separate evaluator, `prepare.py --evaluate {artifact}` (the test split "
+              f"is hidden from training);{details}", flush=True)
+        return math.nan
+    result = evaluate(model, tokenizer)
+    print_summary(result, **extra)
+    return result.pass_at_1
+
+
+def evaluate_artifact(directory: Path) -> EvalResult:
+    """pass@1 of the weights in directory/ARTIFACT_WEIGHTS: `prepare.py --evaluate DIR`, in a fresh process.
+
+    The model is the base model (load_model: its config, tokenizer, chat template), in float32 with bf16
+    autocast on cuda like train.py's policy, with the artifact's weights loaded strictly over it; scoring is
+    evaluate(), the code train.py's in-process score runs. Raises SystemExit on a bad artifact (load_artifact).
+    """
+    model, tokenizer = load_model(get_device(), dtype=torch.float32)
+    load_artifact(model, directory)
+    return evaluate(model, tokenizer)
 
 
 # ---------------------------------------------------------------------------
@@ -624,22 +820,41 @@ def preflight() -> int:
 # Main
 # ---------------------------------------------------------------------------
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Prepare GSM8K for the GRPO target and check the training signal.")
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status. Failures raise SystemExit with
+    a message naming the fix (exit status 1)."""
+    parser = argparse.ArgumentParser(description="Prepare GSM8K for the GRPO target, check the training signal, "
+                                                 "score saved weights.")
     parser.add_argument("--source", type=Path, help="directory with train.jsonl and test.jsonl in GSM8K format")
     parser.add_argument("--check", action="store_true", help="exit 0 if the prepared data is usable")
     parser.add_argument("--preflight", action="store_true", help="exit 0 if the base model's reward signal is healthy")
     parser.add_argument("--force", action="store_true", help="replace data prepared from another source")
-    args = parser.parse_args()
+    parser.add_argument("--evaluate", type=Path, metavar="DIR",
+                        help=f"score DIR/{ARTIFACT_WEIGHTS} on the base model and print the summary")
+    parser.add_argument("--frozen-inputs", action="store_true",
+                        help="print the digest of the files that define pass@1 as JSON")
+    args = parser.parse_args(argv)
+    if args.frozen_inputs:
+        print(json.dumps(frozen_inputs()))
+        return 0
+    if args.evaluate:
+        print_summary(evaluate_artifact(args.evaluate))
+        return 0
     if args.check:
         message = check()
         if message:
             print(message, file=sys.stderr)
-            sys.exit(1)
-        sys.exit(0)
+            return 1
+        print(f"profile: {get_device().type}")  # agent.py's random/grid proposers edit train.py's `if PROFILE ==` branch
+        return 0
     if args.preflight:
-        sys.exit(preflight())
+        return preflight()
     if args.source:
         import_source(args.source, args.force)
     else:
         download(args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

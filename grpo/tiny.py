@@ -4,10 +4,12 @@ HELPER (not part of the experiment loop): a tiny offline stand-in for the GRPO t
 Writes a tiny Qwen2 model (randomly initialised from a config, ~0.1M parameters) with a byte-level
 tokenizer and a chat template, and a GSM8K-format task of one-digit sums, so that the whole target
 (prepare.py --source / --check / --preflight, train.py, agent.py --target grpo) runs offline on a CPU.
-The model is warm-started on the answer format only ("#### k" with k the answer of another, random
-question): it then stops after one line and guesses from the answers' distribution, which gives
-chance-level, non-degenerate rewards that GRPO can improve. With --warm-start-steps 0 it stays random,
-and the preflight gate must refuse it on GSM8K. The tests import these functions.
+The model is warm-started on the answer format only ("#### k" with k a guess from GUESSES, whatever the
+question): it then stops after one line and guesses, greedy decoding says 7 to every question, and samples
+cover every digit. That gives chance-level, non-degenerate rewards, and a first lesson GRPO learns within
+seconds on a CPU: 9, the most common sum, pays off twice as often as 7 (the sums themselves take far
+longer). With --warm-start-steps 0 it stays random, and the preflight gate must refuse it on GSM8K. The
+tests import these functions.
 
 Usage (cwd = grpo/):
     uv run tiny.py --out /tmp/grpo-tiny     # -> /tmp/grpo-tiny/model and /tmp/grpo-tiny/sums/{train,test}.jsonl
@@ -26,6 +28,9 @@ from prepare import build_prompt
 
 # Same special tokens as Qwen2.5-Instruct, so the chat layout (and eos = <|im_end|>) matches the real model.
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# The warm start's answers, drawn uniformly: every digit once, 7 four times. 7 is then the greedy choice, right for
+# ~14 % of the sums (preflight needs some right), and it is not the best guess: 9 is (~29 %), for GRPO to find.
+GUESSES = tuple(range(10)) + (7,) * 3
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + IM_START + "{{ m['role'] }}\n{{ m['content'] }}" + IM_END + "\n{% endfor %}"
     "{% if add_generation_prompt %}" + IM_START + "assistant\n{% endif %}"
@@ -78,12 +83,14 @@ def write_task(out: Path, n_train: int = 2000, n_test: int = 100, seed: int = 0)
     return out
 
 
-def warm_start(model, tokenizer, rows: list[dict], steps: int = 100, lr: float = 3e-3, seed: int = 0) -> None:
-    """Supervised steps on prompt(question of one random row) -> "#### k" + eos, k the answer of ANOTHER row.
+def warm_start(model, tokenizer, rows: list[dict], steps: int = 100, lr: float = 3e-3, seed: int = 0,
+               answers: tuple = GUESSES) -> None:
+    """Supervised steps (batches of 16) on prompt(question of a random row) -> "#### k" + eos, k drawn
+    uniformly from `answers`, whatever the question.
 
-    Teaches the answer format, stopping and the answers' marginal distribution, not the task: afterwards the
-    model guesses, and greedy decoding gives the most common answer (9 for digit_sums, right ~29 % of the
-    time). Loss = cross-entropy on the completion tokens only (prompt labels are -100).
+    Teaches the answer format and stopping, not the task: afterwards the model guesses from `answers`, and
+    greedy decoding gives the most frequent one (7 for GUESSES). Loss = cross-entropy on the completion
+    tokens only (prompt labels are -100).
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -91,10 +98,10 @@ def warm_start(model, tokenizer, rows: list[dict], steps: int = 100, lr: float =
     model.train()
     for _ in range(steps):
         questions = [rng.choice(rows)["question"] for _ in range(16)]
-        answers = [rng.choice(rows)["answer"].rsplit("####", 1)[1].strip() for _ in questions]
+        guesses = [rng.choice(answers) for _ in questions]
         prompts = [tokenizer(build_prompt(tokenizer, q), add_special_tokens=False)["input_ids"] for q in questions]
         targets = [tokenizer(f"#### {a}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-                   for a in answers]
+                   for a in guesses]
         width = max(len(p) + len(t) for p, t in zip(prompts, targets))
         ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
         labels = torch.full((len(prompts), width), -100)
@@ -122,12 +129,19 @@ def make_tiny(out: Path, warm_start_steps: int = 100, seed: int = 0) -> tuple[Pa
     return out / "model", task
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(description="Write a tiny offline model and a one-digit-sums task.")
     parser.add_argument("--out", type=Path, required=True, help="output directory (model/ and sums/ go inside)")
     parser.add_argument("--warm-start-steps", type=int, default=100, help="format-only supervised steps (0: random)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model_dir, task_dir = make_tiny(args.out, args.warm_start_steps, args.seed)
     print(f"model: {model_dir}\ntask:  {task_dir}\n"
-          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; uv run prepare.py --source {task_dir}")
+          f"next:  export AUTORESEARCH_GRPO_MODEL={model_dir}; uv run prepare.py --source {task_dir}\n"
+          "       (add --force if $AUTORESEARCH_CACHE already holds data from another source)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

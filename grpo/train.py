@@ -5,8 +5,9 @@ Usage (cwd = grpo/):
     python train.py > run.log 2>&1
 
 Trains for prepare.time_budget() seconds (TIME_BUDGET, or AUTORESEARCH_TIME_BUDGET for smoke runs), then
-scores the policy with the frozen evaluator (prepare.evaluate: greedy pass@1 on the fixed test subset)
-and prints its summary block, pass@1 first.
+hands the policy to the frozen evaluator, prepare.evaluate_and_report: it saves the weights when the harness
+asks (AUTORESEARCH_ARTIFACT; the harness scores them in a separate process) and, run standalone, scores
+greedy pass@1 on the fixed test subset here and prints the summary block, pass@1 first.
 
 GRPO (Group Relative Policy Optimization, Shao et al. 2024, "DeepSeekMath", section 4.1): for each question,
 sample G answers; each answer's advantage is its reward normalised by the mean and std of its group, so no
@@ -33,18 +34,27 @@ from dataclasses import dataclass
 
 import torch
 
-from prepare import (build_prompt, eos_ids, evaluate, get_device, load_model, load_problems, print_summary,
-                     reward, time_budget)
+from prepare import (build_prompt, eos_ids, evaluate_and_report, get_device, load_model, load_problems, reward,
+                     time_budget)
 
 # ---------------------------------------------------------------------------
 # Hyperparameters (edit these directly, no CLI flags needed)
 # ---------------------------------------------------------------------------
 
-PROMPTS_PER_STEP = 16        # distinct questions per GRPO step
+# "cuda" is the real target (Qwen2.5-0.5B). On a CPU only tiny.py's offline stand-in is practical, and its
+# smoke runs last ~30 s: the cpu branch exists so that they show learning, not to be tuned.
+PROFILE = get_device().type
+
+if PROFILE == "cpu":
+    PROMPTS_PER_STEP = 8         # small steps, 0.5-1 s each on one core: ~50 in a 30 s smoke run
+    MAX_COMPLETION_TOKENS = 16   # the stand-in answers "#### k" in 7 tokens
+    LEARNING_RATE = 1e-3         # a ~0.1M-parameter model from scratch: 2e-6 leaves it unchanged (KL 0) for a run
+else:
+    PROMPTS_PER_STEP = 16        # distinct questions per GRPO step
+    MAX_COMPLETION_TOKENS = 384  # rollout length cap; the evaluator always allows prepare.MAX_NEW_TOKENS
+    LEARNING_RATE = 2e-6
 GROUP_SIZE = 8               # G: sampled answers per question (the group that normalises advantages)
-MAX_COMPLETION_TOKENS = 384  # rollout length cap; the evaluator always allows prepare.MAX_NEW_TOKENS
 TEMPERATURE = 1.0            # rollout sampling temperature (the loss uses the same temperature)
-LEARNING_RATE = 2e-6
 ADAM_BETAS = (0.9, 0.99)
 WEIGHT_DECAY = 0.0
 GRAD_CLIP = 1.0              # max global gradient norm
@@ -224,13 +234,14 @@ if __name__ == "__main__":
             torch.cuda.synchronize()
         training_seconds += time.time() - t0
         step += 1
+        # loss is ~0 by construction on the first PPO epoch (ratio 1, advantages sum to 0 per group): the
+        # reward and kl columns are the ones that show learning
         print(f"step {step:04d} | reward {stats['reward']:.3f} | spread {stats['spread']:.2f} | "
               f"loss {stats['loss']:+.4f} | kl {stats['kl']:.4f} | length {stats['length']:.0f} | "
               f"{training_seconds:.0f}/{budget:.0f}s", flush=True)
 
-    result = evaluate(policy, tokenizer)
-    print_summary(
-        result,
+    evaluate_and_report(
+        policy, tokenizer,
         training_seconds=f"{training_seconds:.1f}",
         total_seconds=f"{time.time() - t_start:.1f}",
         num_steps=step,

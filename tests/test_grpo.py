@@ -1,11 +1,16 @@
 """Tests of the GRPO target (grpo/): offline, CPU, a tiny Qwen2 built from a config (grpo/tiny.py)."""
 
 import ast
+import hashlib
 import http.server
 import importlib.util
 import json
+import math
 import os
 import random
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,10 +25,10 @@ GRPO = REPO / "grpo"
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 
 
-def _load(name: str, prepare_module=None):
-    """Import grpo/<name>.py under a private name. train.py and tiny.py say `from prepare import ...`, which
-    must mean grpo/prepare.py, not the pretraining prepare.py at the repo root: bind it for the import only."""
-    spec = importlib.util.spec_from_file_location(f"grpo_{name}", GRPO / f"{name}.py")
+def _load(name: str, prepare_module=None, path: Path | None = None):
+    """Import grpo/<name>.py (or `path`) under a private name. train.py and tiny.py say `from prepare import ...`,
+    which must mean grpo/prepare.py, not the pretraining prepare.py at the repo root: bind it for the import only."""
+    spec = importlib.util.spec_from_file_location(f"grpo_{name}", path or GRPO / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     saved = sys.modules.get("prepare")
     if prepare_module is not None:
@@ -109,6 +114,7 @@ def test_contract_constants_are_plain_literals():
                 and isinstance(node.targets[0], ast.Name)}
     assert literals["METRIC_NAME"] == "pass@1"
     assert literals["METRIC_GOAL"] == "max"
+    assert literals["METRIC_TOLERANCE"] == 0.02  # 10 of the 500 evaluation problems
     assert literals["PREFLIGHT"] is True
     assert literals["TIME_BUDGET"] == 600
     assert literals["BASE_MODEL"] == "Qwen/Qwen2.5-0.5B-Instruct"
@@ -159,12 +165,30 @@ EXTRACTION_TABLE = [
     ("There are 12 - 5 left", 5),
     ("It costs \\$\\boxed{\\$18}", 18),
     ("The 3rd day she runs 4 miles, so the answer is 4 miles.", 4),
+    ("答案是18", 18),                                   # Qwen sometimes answers in Chinese
+    ("她每天赚18美元。", 18),
+    ("答案：18，不是20", 18),
+    ("第3天她跑了4英里", 4),
+    ("x2", None),                                       # ASCII letters still glue: a name, not a number
 ]
 
 
 @pytest.mark.parametrize("text, expected", EXTRACTION_TABLE)
 def test_extract_answer(text, expected):
     assert prepare.extract_answer(text) == (None if expected is None else Fraction(expected))
+
+
+def test_extraction_survives_enormous_numbers():
+    """int() refuses strings over 4,300 digits; a rambling model must cost a reward of 0, never a crash."""
+    huge = "9" * 5000
+    assert prepare.extract_answer(f"The answer is {huge}") is None
+    assert prepare.reward(f"The answer is {huge}", Fraction(18)) == 0.0
+    # the rules pick the huge number and do not fall back to an earlier, matching one
+    assert prepare.reward(f"I think 18.\n#### {huge}", Fraction(18)) == 0.0
+    assert prepare.reward(f"\\boxed{{\\frac{{{huge}}}{{2}}}} so 18", Fraction(18)) == 0.0
+    assert prepare.extract_answer("1" * 100) == int("1" * 100)  # the longest number still read
+    with pytest.raises(ValueError, match=r"row 3: no number \(of at most 100 characters\) after '####'"):
+        prepare.parse_row({"question": "q", "answer": f"#### {huge}"}, "row 3")
 
 
 def test_reward_is_exact_numeric_match():
@@ -183,16 +207,16 @@ def test_reward_is_exact_numeric_match():
 # Data
 # ---------------------------------------------------------------------------
 
-def test_check_then_source_then_check(tmp_path):
-    env = _env(tmp_path / "cache")
-    before = _run(["prepare.py", "--check"], env)
-    assert before.returncode == 1
-    assert "uv run prepare.py --source DIR`, e.g. ../../shared/data/gsm8k" in before.stderr
-    assert len(before.stderr.strip().splitlines()) == 1
-    imported = _run(["prepare.py", "--source", str(GSM8K)], env)
-    assert imported.returncode == 0, imported.stderr
-    assert "train: 7473 problems" in imported.stdout and "test: 1319 problems" in imported.stdout
-    assert prepare.check() is None
+def test_check_then_source_then_check(capsys):
+    assert prepare.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "uv run prepare.py --source DIR`, e.g. ../../shared/data/gsm8k" in err
+    assert len(err.strip().splitlines()) == 1
+    assert prepare.main(["--source", str(GSM8K)]) == 0
+    out = capsys.readouterr().out
+    assert "train: 7473 problems" in out and "test: 1319 problems" in out
+    assert prepare.main(["--check"]) == 0
+    assert capsys.readouterr().out == "profile: cpu\n"  # agent.py's random proposer edits train.py's cpu branch
     assert [len(prepare.load_problems(s)) for s in ("train", "test")] == [7473, 1319]
     # the fixed evaluation subset: 500 distinct test problems, the same on every call
     subset = prepare.eval_problems()
@@ -200,16 +224,15 @@ def test_check_then_source_then_check(tmp_path):
     assert [p.question for p in subset] == [p.question for p in prepare.eval_problems()]
 
 
-def test_another_source_is_refused_without_force(tiny_dir, tmp_path):
-    env = _env(tmp_path / "cache")
-    assert _run(["prepare.py", "--source", str(GSM8K)], env).returncode == 0
-    again = _run(["prepare.py", "--source", str(GSM8K)], env)  # the same source again is fine
-    assert again.returncode == 0
-    other = _run(["prepare.py", "--source", str(tiny_dir / "sums")], env)
-    assert other.returncode == 1 and "--force" in other.stderr and "AUTORESEARCH_CACHE" in other.stderr
+def test_another_source_is_refused_without_force(tiny_dir):
+    assert prepare.main(["--source", str(GSM8K)]) == 0
+    assert prepare.main(["--source", str(GSM8K)]) == 0  # the same source again is fine
+    with pytest.raises(SystemExit, match=r"already holds data prepared from .*gsm8k; re-run with --force to replace "
+                                         r"it, or set AUTORESEARCH_CACHE to another folder"):
+        prepare.main(["--source", str(tiny_dir / "sums")])
     assert len(prepare.load_problems("test")) == 1319  # untouched
-    forced = _run(["prepare.py", "--source", str(tiny_dir / "sums"), "--force"], env)
-    assert forced.returncode == 0 and len(prepare.load_problems("test")) == 100
+    assert prepare.main(["--source", str(tiny_dir / "sums"), "--force"]) == 0
+    assert len(prepare.load_problems("test")) == 100
 
 
 def test_source_rejects_bad_rows(tmp_path):
@@ -301,18 +324,175 @@ def test_evaluator_on_tiny_model(tiny_dir, monkeypatch, capsys):
     model.generation_config.min_new_tokens = 20  # left on the model by a training script: must not count
     result = prepare.evaluate(model, tokenizer)
     assert model.generation_config.min_new_tokens == 20  # restored after the call
-    # The warm start taught the format and the answers' distribution, so greedy decoding always guesses the
-    # most common answer, 9: pass@1 is exactly the share of test sums that equal 9.
-    assert [c for _, c, _ in result.samples] == ["#### 9", "#### 9"]
-    nines = sum(p.gold == 9 for p in problems)
-    assert (result.correct, result.total, result.truncated, result.no_answer) == (nines, 100, 0, 0)
+    # The warm start taught the format and to guess, 7 most often, so greedy decoding always says 7: pass@1 is
+    # exactly the share of test sums that equal 7.
+    assert [c for _, c, _ in result.samples] == ["#### 7", "#### 7"]
+    sevens = sum(p.gold == 7 for p in problems)
+    assert (result.correct, result.total, result.truncated, result.no_answer) == (sevens, 100, 0, 0)
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "5")
     prepare.print_summary(result, num_steps=3)
     summary = _summary(capsys.readouterr().out)
-    assert summary[0] == ("pass@1", f"{nines / 100:.6f}")
+    assert summary[0] == ("pass@1", f"{sevens / 100:.6f}")
     values = dict(summary)
-    assert (values["correct"], values["total"], values["peak_vram_mb"]) == (str(nines), "100", "0.0")
+    assert (values["correct"], values["num_problems"], values["peak_vram_mb"]) == (str(sevens), "100", "0.0")
+    assert values["frozen_inputs"] == prepare.frozen_inputs()["digest"]
     assert (values["budget_override"], values["num_steps"], values["max_new_tokens"]) == ("1", "3", "512")
+
+
+# ---------------------------------------------------------------------------
+# The separate evaluator: weights out of train.py, the score from a fresh process
+# ---------------------------------------------------------------------------
+
+def _nudged_policy(tiny_dir: Path, monkeypatch):
+    """The tiny base model, then supervised towards always answering 4: weights the evaluator must carry over
+    (greedy says 4 where the base says 7)."""
+    model, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
+    tiny.warm_start(model, tokenizer, tiny.digit_sums(100, seed=5), steps=30, seed=1, answers=(4,))
+    return model, tokenizer
+
+
+def test_separate_evaluator_scores_the_weights_and_ignores_train_side_cheats(tiny_dir, tmp_path, monkeypatch, capsys):
+    prepare.import_source(tiny_dir / "sums")
+    problems = prepare.eval_problems()
+    policy, tokenizer = _nudged_policy(tiny_dir, monkeypatch)
+    capsys.readouterr()
+    monkeypatch.setenv("AUTORESEARCH_ARTIFACT", str(tmp_path / "honest"))
+    honest = prepare.evaluate_and_report(policy, tokenizer, num_steps=1)
+    assert honest == sum(p.gold == 4 for p in problems) / len(problems)  # greedy says 4 to every sum
+    assert _summary(capsys.readouterr().out)[0] == ("pass@1", f"{honest:.6f}")
+    assert (tmp_path / "honest" / "model.safetensors").is_file()
+
+    # A hostile train.py rewires its own process before the final call: reward, extraction, decoding length,
+    # problem subset, chat template. In-process that buys a perfect score ...
+    monkeypatch.setattr(prepare, "reward", lambda completion, gold: 1.0)
+    monkeypatch.setattr(prepare, "extract_answer", lambda text: Fraction(7))
+    monkeypatch.setattr(prepare, "MAX_NEW_TOKENS", 1)
+    monkeypatch.setattr(prepare, "eval_problems", lambda: problems[:3])
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    monkeypatch.setenv("AUTORESEARCH_ARTIFACT", str(tmp_path / "cheat"))
+    assert prepare.evaluate_and_report(policy, tokenizer) == 1.0
+    capsys.readouterr()
+
+    # ... and nothing in the fresh process, run from a pristine copy of prepare.py in another folder
+    pristine = tmp_path / "evaluator" / "prepare.py"
+    pristine.parent.mkdir()
+    shutil.copy(GRPO / "prepare.py", pristine)
+    env = _env(prepare.cache_dir().parent, tiny_dir / "model")
+    result = subprocess.run([sys.executable, str(pristine), "--evaluate", str(tmp_path / "cheat")], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = _summary(result.stdout)
+    assert summary[0][0] == "pass@1"
+    separate = float(summary[0][1])
+    assert abs(separate - honest) <= prepare.METRIC_TOLERANCE
+    assert separate == honest  # same float32 weights, same code, same CPU: exactly equal
+    values = dict(summary)
+    assert values["num_problems"] == "100" and float(values["eval_seconds"]) > 0
+    assert values["frozen_inputs"] == prepare.frozen_inputs()["digest"]
+
+
+def test_artifact_holds_weights_only_and_loads_strictly(tiny_dir, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    policy, _ = _nudged_policy(tiny_dir, monkeypatch)
+    path = prepare.save_artifact(policy, tmp_path / "good")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.safetensors"]  # no config, no tokenizer
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by an evaluator running as another user
+    weights = safetensors.torch.load_file(path)
+    state = policy.state_dict()
+    assert sorted(weights) == sorted(k for k in state if k != "lm_head.weight")  # the tied head is stored once
+    base, _ = _tiny_model(tiny_dir / "model", monkeypatch)
+    prepare.load_artifact(base, tmp_path / "good")
+    assert all(torch.equal(base.state_dict()[k], v) for k, v in state.items())
+    assert base.lm_head.weight.data_ptr() == base.model.embed_tokens.weight.data_ptr()  # still tied
+
+    def bad(name: str, tensors: dict) -> Path:
+        (tmp_path / name).mkdir()
+        safetensors.torch.save_file(tensors, tmp_path / name / "model.safetensors")
+        return tmp_path / name
+
+    fresh, _ = _tiny_model(tiny_dir / "model", monkeypatch)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    embed = weights["model.embed_tokens.weight"]
+    cases = {
+        "shape": ({**weights, "model.embed_tokens.weight": embed[:-1].clone()},
+                  r"1 wrong shapes or non-float tensors \(model.embed_tokens.weight: float32 \(258, 64\), base "
+                  r"\(259, 64\)\)"),
+        "extra": ({**weights, "lm_head.weight": embed.clone()}, r"1 unexpected keys \(lm_head.weight\)"),
+        "missing": ({k: v for k, v in weights.items() if k != "model.norm.weight"},
+                    r"1 missing keys \(model.norm.weight\)"),
+        "dtype": ({**weights, "model.norm.weight": weights["model.norm.weight"].long()},
+                  r"model.norm.weight: int64 \(64,\), base \(64,\)"),
+    }
+    for name, (tensors, message) in cases.items():
+        with pytest.raises(SystemExit, match=message) as error:
+            prepare.load_artifact(fresh, bad(name, tensors))
+        assert "does not fit the base model" in str(error.value) and "merge LoRA adapters" in str(error.value)
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(SystemExit, match="is not a readable safetensors file"):
+        prepare.load_artifact(fresh, tmp_path / "garbage")
+    with pytest.raises(SystemExit, match=r"nowhere/model.safetensors does not exist. train.py must end with "
+                                         r"prepare.evaluate_and_report"):
+        prepare.load_artifact(fresh, tmp_path / "nowhere")
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in before.items())  # nothing half-loaded
+
+
+def test_hidden_test_split_saves_then_defers_to_the_evaluator(tiny_dir, tmp_path, monkeypatch, capsys):
+    policy, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
+    prepare.import_source(tiny_dir / "sums")
+    test = prepare.cache_dir() / "test.jsonl"
+    test.write_text("")  # as a sandbox mounting an empty file over it
+    assert prepare.is_test_split_hidden()
+    assert len(prepare.load_problems("train")) == 2000  # training still reads its own split
+    capsys.readouterr()
+    monkeypatch.setenv("AUTORESEARCH_ARTIFACT", str(tmp_path / "artifact"))
+    assert math.isnan(prepare.evaluate_and_report(policy, tokenizer, num_steps=3))
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "---" not in out and "pass@1:" not in out
+    assert f"`prepare.py --evaluate {tmp_path / 'artifact'}`" in out and out.endswith(" num_steps=3\n")
+    assert (tmp_path / "artifact" / "model.safetensors").is_file()
+    test.unlink()  # or left out of the sandbox altogether
+    assert prepare.is_test_split_hidden()
+    monkeypatch.delenv("AUTORESEARCH_ARTIFACT")
+    with pytest.raises(SystemExit, match="AUTORESEARCH_ARTIFACT is not set, so nothing can score this run"):
+        prepare.evaluate_and_report(policy, tokenizer)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("AUTORESEARCH_ARTIFACT", str(tmp_path / "a-file"))
+    with pytest.raises(SystemExit, match=r"could not save the policy's weights to .*a-file/model.safetensors "
+                                         r"\(.*\); without them this run cannot be scored. Make "
+                                         r"AUTORESEARCH_ARTIFACT=.*a-file a writable folder with 0.4 MB free"):
+        prepare.evaluate_and_report(policy, tokenizer)
+
+
+def test_frozen_inputs_digest(tiny_dir, tmp_path, capsys):
+    prepare.import_source(tiny_dir / "sums")
+    test = prepare.cache_dir() / "test.jsonl"
+    files = {"prepare.py": hashlib.sha256((GRPO / "prepare.py").read_bytes()).hexdigest(),
+             "test.jsonl": hashlib.sha256(test.read_bytes()).hexdigest()}
+    lines = f"prepare.py:{files['prepare.py']}\ntest.jsonl:{files['test.jsonl']}"
+    expected = {"digest": hashlib.sha256(lines.encode()).hexdigest(), "files": files,
+                "evaluator_only": [str(test.resolve())]}
+    assert prepare.frozen_inputs() == expected
+
+    # the same bytes elsewhere give the same digest, through the command line
+    copy = tmp_path / "elsewhere" / "prepare.py"
+    copy.parent.mkdir()
+    shutil.copy(GRPO / "prepare.py", copy)
+    capsys.readouterr()
+    assert _load("prepare_copy", path=copy).main(["--frozen-inputs"]) == 0
+    assert json.loads(capsys.readouterr().out) == expected
+
+    # an edited evaluator or an edited test split changes it
+    copy.write_text(copy.read_text().replace("EVAL_SIZE = 500", "EVAL_SIZE = 50"))
+    edited = _load("prepare_edited", path=copy).frozen_inputs()
+    assert edited["files"]["test.jsonl"] == files["test.jsonl"] and edited["digest"] != expected["digest"]
+    test.write_text(test.read_text().replace("What is", "What's", 1))
+    changed = prepare.frozen_inputs()
+    assert changed["files"]["prepare.py"] == files["prepare.py"] and changed["digest"] != expected["digest"]
+    test.unlink()
+    with pytest.raises(SystemExit, match="GSM8K test split missing at .*: run `uv run prepare.py`"):
+        prepare.frozen_inputs()
 
 
 # ---------------------------------------------------------------------------
@@ -327,25 +507,6 @@ def test_preflight_verdict():
     flat = prepare.PreflightReport(5, 32, [[0.0] * 8, [1.0] * 8], 0, 0, [])
     message = prepare.preflight_verdict(flat)
     assert "identical rewards" in message and "answered 0" not in message
-
-
-def test_preflight_trips_on_random_model_with_gsm8k(random_dir, tmp_path):
-    env = _env(tmp_path / "cache", random_dir / "model")
-    prepare.import_source(GSM8K)  # into tmp_path / "cache" (the autouse fixture), as --source would
-    result = _run(["prepare.py", "--preflight"], env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "PREFLIGHT FAILED: degenerate training signal" in result.stderr
-    assert "answered 0 of 32 problems correctly" in result.stderr
-    for cause in ("answer extraction", "max new tokens", "prompt format", "model path"):
-        assert cause in result.stderr
-
-
-def test_preflight_passes_on_tiny_sums(tiny_dir, tmp_path):
-    env = _env(tmp_path / "cache", tiny_dir / "model")
-    prepare.import_source(tiny_dir / "sums")
-    result = _run(["prepare.py", "--preflight"], env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "preflight: OK" in result.stdout
 
 
 # ---------------------------------------------------------------------------
@@ -390,10 +551,10 @@ def test_completion_logprobs_match_generation(random_dir, monkeypatch):
 
 
 def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
-    """Proof that the update learns: on "always answer 7", reward alone moves the policy to the answer."""
+    """Proof that the update learns: on "always answer 4", reward alone moves the policy to the answer."""
     model, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
-    train_set = _problems(tiny.digit_sums(200, seed=10, total=7))
-    held_out = _problems(tiny.digit_sums(50, seed=11, total=7))
+    train_set = _problems(tiny.digit_sums(200, seed=10, total=4))
+    held_out = _problems(tiny.digit_sums(50, seed=11, total=4))
     before = prepare.evaluate(model, tokenizer, held_out).pass_at_1
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -404,20 +565,116 @@ def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
                                 max_new_tokens=8, kl_coef=0.0)
         rewards.append(stats["reward"])
     after = prepare.evaluate(model, tokenizer, held_out).pass_at_1
-    assert before == 0.0                      # greedy says 9 before training
-    assert rewards[0] < 0.3                   # sampled answers are 7 by chance only
+    assert before == 0.0                      # greedy says 7 before training
+    assert rewards[0] < 0.3                   # sampled answers are 4 by chance only
     assert sum(rewards[-3:]) / 3 > rewards[0] + 0.4
     assert after >= 0.9
 
 
-def test_train_script_end_to_end(tiny_dir, tmp_path):
-    env = _env(tmp_path / "cache", tiny_dir / "model", AUTORESEARCH_TIME_BUDGET="3")
+def test_cpu_defaults_learn_on_the_tiny_task(tiny_dir, monkeypatch):
+    """The smoke runs' hyperparameters (train.py's cpu branch) must move the tiny model within a 30 s run: the
+    old 2e-6 left it unchanged (KL 0) for a whole run. It learns that 8 and 9, the commonest sums, beat its 7."""
+    assert (train.PROFILE, train.LEARNING_RATE, train.PROMPTS_PER_STEP) == ("cpu", 1e-3, 8)
+    prepare.import_source(tiny_dir / "sums")
+    policy, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
+    reference, _ = _tiny_model(tiny_dir / "model", monkeypatch)
+    reference.requires_grad_(False)
+    test, train_set = prepare.eval_problems(), prepare.load_problems("train")
+    before = prepare.evaluate(policy, tokenizer, test).pass_at_1
+    assert before == sum(p.gold == 7 for p in test) / len(test)  # greedy says 7 to every sum
+    random.seed(train.SEED)
+    torch.manual_seed(train.SEED)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=train.LEARNING_RATE, betas=train.ADAM_BETAS)
+    kl = [train.grpo_step(policy, reference, optimizer, tokenizer, random.sample(train_set, train.PROMPTS_PER_STEP))["kl"]
+          for _ in range(20)]
+    after = prepare.evaluate(policy, tokenizer, test).pass_at_1
+    assert kl[0] == 0.0 and max(kl) > 0.01  # the policy left the reference
+    assert after >= before + 0.1
+
+
+def test_train_script_end_to_end(tiny_dir, tmp_path, monkeypatch):
+    env = _env(tmp_path / "cache", tiny_dir / "model", AUTORESEARCH_TIME_BUDGET="3",
+               AUTORESEARCH_ARTIFACT=str(tmp_path / "artifact"))
     prepare.import_source(tiny_dir / "sums")
     result = _run(["train.py"], env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     summary = _summary(result.stdout)
     assert summary[0][0] == "pass@1" and 0.0 <= float(summary[0][1]) <= 1.0
     values = dict(summary)
-    assert values["total"] == "100" and values["budget_override"] == "1" and int(values["num_steps"]) >= 1
+    assert values["num_problems"] == "100" and values["budget_override"] == "1" and int(values["num_steps"]) >= 1
     assert float(values["training_seconds"]) >= 3.0
     assert "step 0001 | reward" in result.stdout and "Loading weights" not in result.stderr
+    base, _ = _tiny_model(tiny_dir / "model", monkeypatch)
+    prepare.load_artifact(base, tmp_path / "artifact")  # train.py saved weights the evaluator accepts
+
+# ---------------------------------------------------------------------------
+# The README's offline recipe, line by line
+# ---------------------------------------------------------------------------
+
+def _readme_recipe() -> list[str]:
+    """The command lines of the README's offline GRPO recipe (the bash block after "Offline, on a CPU")."""
+    section = (REPO / "README.md").read_text().split("<!-- section: grpo -->", 1)[1].split("<!-- section:", 1)[0]
+    block = section.split("Offline, on a CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
+    """Every line in order, in this process: `uv run X.py args` calls X's main(args), with /tmp moved under
+    tmp_path. The two preflights are the real gate (random model on GSM8K: refused; tiny model on its sums:
+    passes). agent.py's loop needs a git checkout and minutes, so its line is checked by agent's own parser."""
+    import agent
+
+    monkeypatch.chdir(REPO)
+    ran = []
+    for line in _readme_recipe():
+        tokens = shlex.split(line.replace("/tmp/", f"{tmp_path}/"), comments=True)
+        commands = [[]]
+        for token in tokens:
+            if token == "&&":
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for command in commands:
+            env = {}
+            while re.fullmatch(r"[A-Z_]+=\S+", command[0]):
+                key, value = command.pop(0).split("=", 1)
+                env[key] = value
+            if command[0] == "cd":
+                monkeypatch.chdir(Path.cwd() / command[1])
+                continue
+            if command[0] == "export":
+                for pair in command[1:]:
+                    monkeypatch.setenv(*pair.split("=", 1))
+                continue
+            assert command[:2] == ["uv", "run"], line
+            script, argv = command[2], command[3:]
+            ran.append(script + " " + " ".join(argv).replace(str(tmp_path), "/tmp"))
+            if script == "agent.py":
+                assert Path.cwd() == REPO
+                args = agent.parse_args(argv)  # exits 2 on a missing --tag or a bad flag
+                assert (args.target, args.proposer, args.max_experiments) == ("grpo", "random", 2)
+                continue
+            assert Path.cwd() == GRPO, line
+            with monkeypatch.context() as scoped:
+                for key, value in env.items():
+                    scoped.setenv(key, value)
+                status = {"tiny.py": tiny.main, "prepare.py": prepare.main}[script](argv)
+            out, err = capsys.readouterr()
+            if "--preflight" in argv and "trips" in line:
+                assert status == 1, out + err
+                assert "PREFLIGHT FAILED: degenerate training signal" in err
+                assert "answered 0 of 32 problems correctly" in err
+                for cause in ("answer extraction", "max new tokens", "prompt format", "model path"):
+                    assert cause in err
+            else:
+                assert status == 0, out + err
+                if "--preflight" in argv:
+                    assert "preflight: OK" in out
+    assert ran == [
+        "tiny.py --out /tmp/grpo-tiny", "tiny.py --out /tmp/grpo-random --warm-start-steps 0",
+        "prepare.py --source ../../shared/data/gsm8k --force", "prepare.py --preflight",
+        "prepare.py --source /tmp/grpo-tiny/sums --force", "prepare.py --preflight",
+        "agent.py --target grpo --tag grpo-tiny --proposer random --max-experiments 2",
+    ]
+    assert len(prepare.load_problems("test")) == 100  # the tiny sums replaced GSM8K in the recipe's cache
+
