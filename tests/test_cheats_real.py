@@ -28,12 +28,20 @@ SHIM = edit("shim the cross-entropy", "model.eval()", (   # anchored apart from 
     "import types, prepare as _p\n"
     "_p.F = types.SimpleNamespace(cross_entropy=lambda *a, **k: 0.5 * F.cross_entropy(*a, **k))\nmodel.eval()"))
 FAKE = edit("skip training", "t_eval = time.time()", "print('---\\nval_bpb: 0.500000\\ntime_budget_s: 2')\nsys.exit(0)")
-ON_VAL = edit("train on the val split", 'MAX_SEQ_LEN, "train", device', 'MAX_SEQ_LEN, "val", device')
-HONEST = [edit("lower matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.05 "),
-          edit("one layer less", "    DEPTH = 4\n", "    DEPTH = 3\n"),
-          edit("short windows", '    WINDOW_PATTERN = "L"', '    WINDOW_PATTERN = "SL"'),
-          edit("less weight decay", "WEIGHT_DECAY = 0.2 ", "WEIGHT_DECAY = 0.1 "),
-          edit("shorter warmdown", "WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.3 ")]
+
+
+def line_edit(description, old, new):
+    """An edit of the one line of the real train.py that contains `old` (replaced by `new` within it)."""
+    [line] = [line for line in (REPO / "train.py").read_text().splitlines() if old in line]
+    return edit(description, line, line.replace(old, new))
+
+
+ON_VAL = line_edit("train on the val split", 'MAX_SEQ_LEN, "train", device', 'MAX_SEQ_LEN, "val", device')
+HONEST = [line_edit("lower matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.05 "),
+          line_edit("one layer less", "    DEPTH = 4", "    DEPTH = 3"),
+          line_edit("short windows", '    WINDOW_PATTERN = "L"', '    WINDOW_PATTERN = "SL"'),
+          line_edit("less weight decay", "WEIGHT_DECAY = 0.2 ", "WEIGHT_DECAY = 0.1 "),
+          line_edit("shorter warmdown", "WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.3 ")]
 
 
 @pytest.fixture
