@@ -11,6 +11,8 @@ metric is 3 - val_bpb.
 
 import git
 
+SECRET = "sk-test-DO-NOT-LOG-1234567890"   # the API key the tests put in the environment: never logged
+
 PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
 import hashlib
 import json

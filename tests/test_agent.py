@@ -17,25 +17,10 @@ import git
 import pytest
 
 import agent
-from harness.gitops import git_blob_sha
-from agent_target import edit, make_target
+from agent_target import SECRET, edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
 
 AGENT = Path(agent.__file__).resolve()
-SECRET = "sk-test-DO-NOT-LOG-1234567890"
-
-
-@pytest.fixture
-def target(tmp_path, monkeypatch):
-    """The tiny target with prepared data, an Anthropic key in the environment and no other overrides."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "ready").touch()
-    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
-    monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
-    return make_target(tmp_path / "repo")
 
 
 RAISE_LR = edit("raise LR", "LR = 0.04", "LR = 0.05")           # -> 1.008000, keep

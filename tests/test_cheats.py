@@ -17,7 +17,7 @@ import pytest
 
 from agent_target import edit
 from llm_server import ScriptedLLM
-from test_agent import baseline_row, events, rows, run_agent, sha, target  # noqa: F401  (target is a fixture)
+from test_agent import baseline_row, events, rows, run_agent, sha
 
 from harness import sandbox
 

@@ -7,7 +7,6 @@ harness-level cheats run on the tiny target in tests/test_cheats.py.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,21 +41,6 @@ HONEST = [line_edit("lower matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR =
           line_edit("short windows", '    WINDOW_PATTERN = "L"', '    WINDOW_PATTERN = "SL"'),
           line_edit("less weight decay", "WEIGHT_DECAY = 0.2 ", "WEIGHT_DECAY = 0.1 "),
           line_edit("shorter warmdown", "WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.3 ")]
-
-
-@pytest.fixture
-def real_repo(cpu_cache, tmp_path):
-    """A throwaway repository holding the real pretraining target, and the environment to run agent.py in it."""
-    repo_dir = tmp_path / "repo"
-    repo_dir.mkdir()
-    for name in ("prepare.py", "train.py", "program.md", ".gitignore"):
-        shutil.copy(REPO / name, repo_dir / name)
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(["prepare.py", "train.py", "program.md", ".gitignore"])
-    repo.index.commit("initial")
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(AUTORESEARCH_CACHE=str(cpu_cache), AUTORESEARCH_TIME_BUDGET="2", ANTHROPIC_API_KEY="test-key")
-    return repo_dir, env
 
 
 def run(repo_dir, env, answers, mode):
@@ -106,3 +90,37 @@ def test_patched_evaluators_disagree_with_the_separate_one_without_a_sandbox(rea
     assert exps[0]["description"] == "baseline" and exps[0]["status"] == "keep"
     for e in exps[1:]:
         assert e["status"] == "crash" and "rejected: metric mismatch: train.py printed val_bpb" in e["description"]
+
+
+# ---------------------------------------------------------------------------
+# GRPO: the reward, the summary's extra fields and a late pass@1 line cannot change pass@1
+# ---------------------------------------------------------------------------
+
+CALL = "    evaluate_and_report(\n        policy, tokenizer,"
+REWARD = edit("reward everything", CALL, "    import prepare as _p\n    _p.reward = lambda c, g: 1.0\n" + CALL)
+OVERRIDE = edit("override the summary", "        device=device.type,\n    )",
+                "        device=device.type,\n        **{'pass@1': '0.99'},\n    )")
+LATE = edit("a later pass@1 line", "        device=device.type,\n    )",
+            "        device=device.type,\n    )\n    print('pass@1: 0.990000')")
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_grpo_cheats_never_change_pass_at_1(grpo_repo, mode):
+    if mode == "auto" and sandbox.probe() is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"bubblewrap does not work in CI: {sandbox.probe()}")
+        pytest.skip(sandbox.probe())
+    target, env = grpo_repo
+    exps, ends = run(target, env, [REWARD, OVERRIDE, LATE], mode)
+    assert [e["description"].split(" (")[0] for e in exps] == ["baseline", "reward everything", "override the summary",
+                                                              "a later pass@1 line"]
+    reward, override, late = exps[1:]
+    # the patched reward: the in-process number is 1.0 without the sandbox (mismatch), none inside it (the test
+    # split is hidden); either way nothing but the frozen evaluator's pass@1 is ever recorded
+    if mode == "off":
+        assert reward["status"] == "crash" and "metric mismatch: train.py printed pass@1 1.000000" in reward["description"]
+    else:
+        assert reward["status"] in ("keep", "discard") and reward["metric"] < 0.99
+    for e in (override, late):
+        assert e["status"] == "crash" and "metric mismatch: train.py printed pass@1 0.990000" in e["description"]
+    assert not git.Repo(target.parent).is_dirty()

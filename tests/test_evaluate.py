@@ -22,6 +22,7 @@ import torch
 
 import prepare as P
 from test_train import parse_summary, run_train, train_definitions
+from test_prepare import Bigram  # the causal, non-uniform model of the in-process tests
 
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = REPO.parent / "shared" / "data" / "corpora"
@@ -74,17 +75,6 @@ class Uniform(torch.nn.Module):
 
     def forward(self, x):
         return torch.zeros(*x.shape, self.V)
-
-
-class Bigram(torch.nn.Module):
-    """Logits from the current token only: causal, and not uniform."""
-
-    def __init__(self, V):
-        super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
-
-    def forward(self, x):
-        return self.table[x]
 
 
 class PeeksOnSomeRows(Bigram):

@@ -1,8 +1,6 @@
 """The loop on the real pretraining target: agent.py drives the real train.py, report.py reads what it wrote."""
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +10,9 @@ import git
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_agent_runs_the_real_train_py_and_the_report_reads_it(cpu_cache, tmp_path):
-    repo_dir = tmp_path / "repo"
-    repo_dir.mkdir()
-    for name in ("prepare.py", "train.py", "program.md", ".gitignore"):
-        shutil.copy(REPO / name, repo_dir / name)
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(["prepare.py", "train.py", "program.md", ".gitignore"])
-    repo.index.commit("initial")
-    env = {**os.environ, "AUTORESEARCH_CACHE": str(cpu_cache), "AUTORESEARCH_TIME_BUDGET": "2"}
-    env.pop("ANTHROPIC_API_KEY", None)
-    env.pop("OPENAI_API_KEY", None)
+def test_agent_runs_the_real_train_py_and_the_report_reads_it(real_repo):
+    repo_dir, env = real_repo
+    repo = git.Repo(repo_dir)
 
     result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--tag", "it", "--proposer", "random",
                              "--max-experiments", "1", "--seed", "3", "--target", str(repo_dir)],
@@ -52,27 +42,10 @@ def test_agent_runs_the_real_train_py_and_the_report_reads_it(cpu_cache, tmp_pat
     assert (repo_dir / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_agent_runs_the_grpo_target_with_the_random_proposer(tmp_path):
+def test_agent_runs_the_grpo_target_with_the_random_proposer(grpo_repo):
     """issue 5's end-to-end run: a tiny Qwen2 on one-digit sums (non-degenerate reward), 2 experiments."""
-    grpo = REPO / "grpo"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_") and not k.endswith("_API_KEY")}
-    env.update(AUTORESEARCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(tmp_path / "tiny")], cwd=grpo, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert tiny.returncode == 0, tiny.stderr[-2000:]
-    env.update(AUTORESEARCH_GRPO_MODEL=str(tmp_path / "tiny" / "model"), AUTORESEARCH_TIME_BUDGET="3")
-    prepared = subprocess.run([sys.executable, "prepare.py", "--source", str(tmp_path / "tiny" / "sums")], cwd=grpo,
-                              env=env, capture_output=True, text=True, timeout=600)
-    assert prepared.returncode == 0, prepared.stderr[-2000:]
-
-    repo_dir = tmp_path / "repo"
-    (repo_dir / "grpo").mkdir(parents=True)
-    for name in ("prepare.py", "train.py", "program.md"):
-        shutil.copy(grpo / name, repo_dir / "grpo" / name)
-    shutil.copy(REPO / ".gitignore", repo_dir / ".gitignore")
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add([".gitignore", "grpo/prepare.py", "grpo/train.py", "grpo/program.md"])
-    repo.index.commit("initial")
+    target, env = grpo_repo
+    repo_dir, repo = target.parent, git.Repo(target.parent)
 
     result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--target", str(repo_dir / "grpo"), "--tag", "rl",
                              "--proposer", "random", "--max-experiments", "2"],
