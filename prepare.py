@@ -30,6 +30,7 @@ import io
 import itertools
 import json
 import math
+import operator
 import os
 import pickle
 import random
@@ -678,7 +679,7 @@ def check_causality(model, x, vocab_size, base=None, tol=1e-3, generator=None):
     x: int64[B, T] real tokens; base: model logits for x if already computed. One extra forward pass of
     the same shape (no recompilation): in each row a cut c is drawn uniformly from [0, T-2] and every
     token after c is replaced by a different one. Passes if the logits at positions <= c agree within
-    tol * (1 + max|logit|) (float32), which bf16 kernels meet and a future leak does not. generator: a
+    tol * (1 + max|logit| at that position) (float32), which bf16 kernels meet and a future leak does not. generator: a
     CPU torch.Generator for the cuts and replacement tokens; by default one seeded from os.urandom, so
     the model cannot anticipate the probe.
     """
@@ -690,8 +691,10 @@ def check_causality(model, x, vocab_size, base=None, tol=1e-3, generator=None):
     future = torch.arange(T, device=x.device)[None, :] > cuts
     noise = torch.randint(1, vocab_size, x.shape, generator=generator).to(x.device)
     probe = _logits(model, torch.where(future, (x + noise) % vocab_size, x), vocab_size)
-    diff = ((probe - base).abs() * ~future[..., None]).amax().item()
-    if not diff <= tol * (1 + base.abs().max().item()):
+    # per position: one huge logit somewhere (say at an unscored BOS target) must not loosen every other position
+    excess = ((probe - base).abs().amax(-1) - tol * (1 + base.abs().amax(-1))) * ~future
+    diff = ((probe - base).abs().amax(-1) * ~future).amax().item()
+    if not excess.amax().item() <= 0:
         raise CausalityError(f"the model is not causal: changing only later tokens changed the logits at earlier positions "
                              f"by up to {diff:.4g}. A model that sees the future gets no score; check the attention mask "
                              f"(is_causal / window) and anything else that mixes positions")
@@ -838,8 +841,6 @@ def load_artifact(path, device="cpu"):
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch.export.load falls back to full unpickling otherwise
     try:
         program = torch.export.load(path)
-        program = torch.export.passes.move_to_device_pass(program, torch.device(device))
-        return program.module()
     except Exception as e:
         raise ArtifactError(f"the model artifact {path} cannot be loaded ({_first_lines(e)}): it must be written by evaluate_bpb "
                             f"with {ARTIFACT_ENV} set, under this torch version, from built-in torch ops only (custom ops and hub "
@@ -849,6 +850,43 @@ def load_artifact(path, device="cpu"):
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
         else:
             os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = forced
+    check_graph(program, path)
+    try:
+        program = torch.export.passes.move_to_device_pass(program, torch.device(device))
+        return program.module()
+    except Exception as e:
+        raise ArtifactError(f"the model artifact {path} cannot be loaded ({_first_lines(e)}): it must be written by evaluate_bpb "
+                            f"with {ARTIFACT_ENV} set, under this torch version, from built-in torch ops only (custom ops and hub "
+                            f"kernels do not exist in the evaluator's process)") from e
+
+
+# Ops a model's forward pass never needs and a crafted archive could use to reach outside the evaluation
+# (file access); anything that mutates state is refused by check_graph as well.
+FORBIDDEN_OPS = ("from_file", "_assert_async", "save", "print")
+
+
+def check_graph(program, path):
+    """Refuse a loaded program that is not a pure function of its input: one that mutates buffers or inputs (state
+    kept between calls would let it answer the causality probe from memory), calls an op outside the built-in
+    aten/prims namespaces, an op whose schema mutates an argument, or one of FORBIDDEN_OPS (file access).
+    torch.export never writes such graphs for a plain model; a hand-edited archive can. Raises ArtifactError."""
+    signature = program.graph_signature
+    mutated = dict(signature.buffers_to_mutate) or dict(getattr(signature, "user_inputs_to_mutate", {}) or {})
+    if mutated:
+        raise ArtifactError(f"the model artifact {path} updates its own buffers or inputs ({', '.join(mutated)}): the scored "
+                            f"model must be a pure function of its input; keep state out of the forward pass")
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        schema = getattr(target, "_schema", None)
+        namespace = getattr(target, "namespace", None)
+        name = schema.name.split("::")[-1] if schema is not None else getattr(target, "__name__", str(target))
+        builtin = namespace in ("aten", "prims") or target is operator.getitem
+        if not builtin or name in FORBIDDEN_OPS or (schema is not None and schema.is_mutable):
+            raise ArtifactError(f"the model artifact {path} calls {name} ({namespace or 'python'}), which a model's forward "
+                                f"pass may not use: built-in, side-effect-free torch ops only (an in-place op such as "
+                                f"x.add_(y) in forward: write x = x + y)")
 
 
 def default_device():
@@ -905,7 +943,7 @@ def frozen_inputs(prepared=None):
     Roles: "prepare.py" (this file's bytes, wherever it runs from), "prepared.json" (dataset and profile
     constants), "tokenizer.pkl", "token_bytes", "val/<file name>". Returns {"digest": sha256 hex of the
     sorted "role:sha256" lines, "files": {role: sha256 hex}, "evaluator_only": [absolute paths that the
-    training process must not read: the val split]}. Raises PrepareError if one of the files is missing.
+    training process must not read: the val split, and the --source files it was cut from]}. Raises PrepareError if one of the files is missing.
     """
     prepared = prepared or load_prepared()
     val_path = (prepared.data_dir / prepared.val_name).resolve()
@@ -918,7 +956,9 @@ def frozen_inputs(prepared=None):
         raise PrepareError(f"cannot read {e.filename} to hash the frozen inputs ({e.strerror}): run this outside the training "
                            f"sandbox, or re-run prepare.py with --force if the file is gone")
     digest = hashlib.sha256("".join(f"{role}:{h}\n" for role, h in sorted(files.items())).encode()).hexdigest()
-    return {"digest": digest, "files": files, "evaluator_only": [str(val_path)]}
+    # a --source corpus holds the val documents too (convert_source re-cuts them exactly): out of reach as well
+    source = [str(Path(prepared.source).resolve())] if prepared.dataset == "local" and Path(prepared.source).exists() else []
+    return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *source]}
 
 # ---------------------------------------------------------------------------
 # Main

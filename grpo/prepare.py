@@ -699,7 +699,8 @@ def evaluate_and_report(model, tokenizer, **extra) -> float:
 
     With AUTORESEARCH_ARTIFACT=DIR the weights go to DIR first (save_artifact), before anything that could fail.
     Standalone, it evaluates and prints the summary (print_summary, `extra` appended) as always. Under the
-    harness the test split is hidden: it prints one line saying so (with `extra`) and no summary. Raises
+    harness the test split is hidden: it says so and prints the summary with `pass@1: nan` (time_budget_s, peak
+    memory and `extra` still there). Raises
     SystemExit if the split is hidden and AUTORESEARCH_ARTIFACT is unset (nothing could score the run).
     """
     artifact = os.environ.get("AUTORESEARCH_ARTIFACT")
@@ -711,9 +712,14 @@ def evaluate_and_report(model, tokenizer, **extra) -> float:
                              "AUTORESEARCH_ARTIFACT is not set, so nothing can score this run: run `uv run prepare.py` "
                              "(or --source DIR) for a standalone run, or set AUTORESEARCH_ARTIFACT=DIR and score it "
                              "with `prepare.py --evaluate DIR`")
-        details = "".join(f" {key}={value}" for key, value in extra.items())
         print(f"score: pass@1 comes from the separate evaluator, `prepare.py --evaluate {artifact}` (the test split "
-              f"is hidden from training);{details}", flush=True)
+              "is hidden from training)", flush=True)
+        budget, overridden = time_budget()         # the rest of the summary still stands: the harness checks it
+        lines = {"pass@1": "nan", "peak_vram_mb": f"{peak_memory_mb():.1f}", "time_budget_s": f"{budget:g}",
+                 **({"budget_override": 1} if overridden else {}), **extra}
+        print("---")
+        for key, value in lines.items():
+            print(f"{key + ':':<18}{value}")
         return math.nan
     result = evaluate(model, tokenizer)
     print_summary(result, **extra)

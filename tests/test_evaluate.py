@@ -166,6 +166,77 @@ def test_leak_on_later_batches_only_is_caught(cache, tokenizer, tmp_path, capsys
         P.evaluate_bpb(model, tokenizer, 32, prepared=cache)
 
 
+class Remembers(Bigram):
+    """Reads the next token, and keeps its last input and output in buffers so that it could answer a probe (the
+    same rows with a changed suffix) from memory: a hand-edited or exported stateful program."""
+
+    def __init__(self, V, T):
+        super().__init__(V)
+        self.register_buffer("last", torch.zeros(P.EVAL_BATCH_ROWS, T, dtype=torch.long))
+
+    def forward(self, x):
+        self.last.copy_(x)
+        return self.table[torch.roll(x, -1, dims=1)]
+
+
+def test_a_program_that_keeps_state_between_calls_is_refused(cache, tmp_path):
+    P.export_model(Remembers(cache.vocab_size, cache.max_seq_len), tmp_path / "stateful.pt2", cache)
+    with pytest.raises(P.ArtifactError, match="updates its own buffers|calls copy_"):   # functionalised or not
+        P.load_artifact(tmp_path / "stateful.pt2")
+
+
+class Loud(Bigram):
+    """Reads the next token everywhere, and puts one logit of 1e8 at position (0, 0): under a tolerance scaled by the
+    batch's largest logit, every leak would pass."""
+
+    def forward(self, x):
+        logits = self.table[torch.roll(x, -1, dims=1)]
+        return logits + torch.zeros_like(logits).index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(1e8))
+
+
+def test_one_huge_logit_does_not_loosen_the_probe_elsewhere(cache):
+    x = torch.randint(1, 320, (4, 64), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(P.CausalityError, match="not causal"):
+        P.check_causality(Loud(320), x, 320)
+
+
+def test_a_graph_that_reads_or_writes_files_is_refused_before_it_runs(cache, tmp_path):
+    """A crafted archive: an exported program whose empty() is rewritten into from_file(shared=True) and whose copy
+    into copy_ (in place), i.e. a write of the model's bytes to a file of the attacker's choice when it runs."""
+    class Writes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("payload", torch.tensor(list(b"owned"), dtype=torch.uint8))
+
+        def forward(self, x):
+            t = torch.ops.aten.copy.default(torch.empty(5, dtype=torch.uint8), self.payload)
+            return x.float()[..., None] * 0 + t[:1].float() * 0
+
+    import io
+    buf = io.BytesIO()
+    torch.export.save(torch.export.export(Writes(), (torch.zeros(2, 8, dtype=torch.long),)), buf)
+    target = tmp_path / "written.txt"
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zin, zipfile.ZipFile(tmp_path / "evil.pt2", "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("models/model.json"):
+                graph = json.loads(data)
+                for node in graph["graph_module"]["graph"]["nodes"]:
+                    if node["target"] == "torch.ops.aten.empty.memory_format":
+                        node["target"] = "torch.ops.aten.from_file.default"
+                        node["inputs"] = [{"name": "filename", "arg": {"as_string": str(target)}, "kind": 1},
+                                          {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+                                          {"name": "size", "arg": {"as_int": 5}, "kind": 1},
+                                          {"name": "dtype", "arg": {"as_scalar_type": 1}, "kind": 2}]
+                    elif node["target"] == "torch.ops.aten.copy.default":
+                        node["target"] = "torch.ops.aten.copy_.default"
+                data = json.dumps(graph).encode()
+            zout.writestr(info, data)
+    with pytest.raises(P.ArtifactError, match="from_file|copy_"):
+        P.load_artifact(tmp_path / "evil.pt2")
+    assert not target.exists()
+
+
 def test_probe_cuts_cover_late_positions(cache):
     """A leak confined to the last positions of a row (beyond the old fixed cuts at T/3 and 2T/3) is caught."""
     class PeeksNearTheEnd(Bigram):
@@ -294,7 +365,8 @@ def frozen_cli(script, cache_root, cwd):
 def test_frozen_inputs_digest_is_stable_across_copies_and_tracks_changes(cache, tmp_path):
     here = P.frozen_inputs(cache)
     assert set(here["files"]) == {"prepare.py", "prepared.json", "tokenizer.pkl", "token_bytes", "val/val.parquet"}
-    assert here["evaluator_only"] == [str((cache.data_dir / "val.parquet").resolve())]
+    # the val split, and the --source text it was cut from (which holds the val documents too)
+    assert here["evaluator_only"] == [str((cache.data_dir / "val.parquet").resolve()), str(Path(cache.source).resolve())]
     lines = "".join(f"{role}:{h}\n" for role, h in sorted(here["files"].items()))
     assert here["digest"] == hashlib.sha256(lines.encode()).hexdigest()
     # a pristine copy of prepare.py elsewhere, run from another directory, gives the same digest
