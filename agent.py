@@ -162,7 +162,7 @@ def run_with_fixes(s, n, description, commit):
         fixed = ask_for_edit(s, n, [{"role": "user", "content": prompt}], crashed_src)
         if fixed is None:
             return outcome, fix - 1
-        commit = commit_candidate(s, n, fixed[1], f"{description}\n\nfix {fix}: {fixed[0]}", attempt=fix)
+        commit = commit_candidate(s, n, fixed[1], f"{description}\n\nfix {fix}: {fixed[0]}", attempt=fix, amend=commit)
         outcome = train_candidate(s, n, fix, commit)
     return outcome, MAX_FIXES
 

@@ -23,6 +23,7 @@ def open_repo(target, committed=("prepare.py", "train.py")):
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         raise SetupError(f"{target} is not inside a git repository: run `git init && git add -A && "
                          "git commit -m init` there first") from None
+    harden(repo)
     if repo.head.is_detached:
         raise SetupError("HEAD is detached: check out a branch first (e.g. `git switch main`)")
     tracked = set(repo.git.ls_files("-z", "--", *[str(target / f) for f in committed]).split("\0"))
@@ -30,6 +31,13 @@ def open_repo(target, committed=("prepare.py", "train.py")):
         rel = repo_rel(repo, target / f)
         if rel not in tracked:
             raise SetupError(f"{rel} is not committed: `git add {rel} && git commit` first")
+    return repo
+
+
+def harden(repo):
+    """The harness's git commands never run a program named in the repository's config for its own sake
+    (core.fsmonitor runs on every status and diff): a config line planted by a run must not run in the harness."""
+    repo.git.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.fsmonitor", GIT_CONFIG_VALUE_0="false")
     return repo
 
 
@@ -130,7 +138,7 @@ def open_stage(repo, path, commit):
         repo.git.worktree("prune")
         path.parent.mkdir(parents=True, exist_ok=True)
         repo.git.worktree("add", "-f", "--detach", str(path), commit)
-    stage = git.Repo(path)
+    stage = harden(git.Repo(path))
     stage.git.checkout("-q", "-f", "--detach", commit)
     return stage
 

@@ -1,7 +1,8 @@
 """
 HARNESS: what a run may not change outside its run directory, checked around every run. Before: the repository's
 refs and HEAD, the tracked files already modified in the user's checkout, and the bytes of the harness's own files
-(results.tsv, events.jsonl). After: anything different is named, and what the harness owns is put back (its own
+(results.tsv, events.jsonl, the pristine evaluator, .git/config, .git/hooks, .git/info: what would make git run a
+program). After: anything different is named, and what the harness owns is put back (its own
 files, refs, a tracked file that was clean before the run). Inside the bubblewrap sandbox none of this is even
 visible to the run; without it (macOS, no user namespaces) this is the protection. It never touches a file the user
 had modified before the run: a change to one is reported, not undone.
@@ -21,14 +22,17 @@ class Snapshot:
     head: str               # what HEAD points at: refs/heads/<branch>, or a sha when detached
     dirty: dict             # rel path -> sha256 of the tracked files that differed from HEAD before the run
     own: dict               # Path -> bytes of the harness's own files (None: did not exist)
+    dirs: dict              # Path -> set of the file names in a directory the harness owns whole (git hooks)
 
 
-def take(repo, own_files):
-    """The Snapshot of the repository and the harness's files `own_files` now."""
+def take(repo, own_files, own_dirs=()):
+    """The Snapshot of the repository, the harness's files `own_files` and every file of `own_dirs` now."""
     root = Path(repo.working_tree_dir)
+    dirs = {Path(d): {p.name for p in Path(d).glob("*")} for d in own_dirs}
+    files = [Path(p) for p in own_files] + [Path(d) / name for d, names in dirs.items() for name in names]
     return Snapshot(refs=_refs(repo), head=_head(repo),
                     dirty={rel: _sha(root / rel) for rel in changed_files(repo)},
-                    own={Path(p): (Path(p).read_bytes() if Path(p).exists() else None) for p in own_files})
+                    own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
 def check(repo, snap):
@@ -56,10 +60,15 @@ def check(repo, snap):
         elif _sha(root / rel) != snap.dirty[rel]:
             found.append(f"modified {rel}, which you had edited, in your checkout (not undone: check it)")
     for path, data in snap.own.items():
-        current = path.read_bytes() if path.exists() else None
+        current = path.read_bytes() if path.is_file() else None
         if current != data:
             _restore(path, data)
             found.append(f"wrote {path.name} (restored)")
+    for folder, names in snap.dirs.items():
+        for new in sorted({p.name for p in folder.glob("*")} - names):
+            if (folder / new).is_file() or (folder / new).is_symlink():
+                (folder / new).unlink()
+            found.append(f"created {folder.name}/{new} (deleted)")
     return found
 
 

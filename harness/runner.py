@@ -32,6 +32,8 @@ class Evaluation:
     artifact: Path                          # what train.py's call into the frozen evaluation saved
     digest: str | None = None               # the frozen-inputs digest recorded when the tag started
     tolerance: float = 0.0                  # |train.py's own metric - the evaluator's| allowed (METRIC_TOLERANCE)
+    own_required: bool = False              # train.py could read the evaluation data, so it must print its number
+    setup: Callable = lambda: None          # called right before the evaluator starts (e.g. a fresh pristine copy)
     wrap: Callable = lambda argv: argv      # e.g. a sandbox; identity by default
 
 
@@ -113,10 +115,15 @@ def evaluate(spec, outcome):
         outcome.reason = ("crash: no model artifact: train.py must hand its model to the frozen evaluation "
                           "(evaluate_bpb / evaluate in prepare.py), which saves it for the separate evaluator")
         return
+    if ev.own_required and outcome.own_metric is None:
+        outcome.reason = (f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
+                          "data (without the sandbox its own number is checked against the evaluator's)")
+        return
+    ev.setup()
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
+        offset = log.tell()                 # the evaluator's output starts here, however long train.py's log was
     t0 = time.monotonic()
-    text_before = len(read_log(spec.log))
     rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
                                             str(ev.artifact)]), ev.prepare_dir, spec.log,
                                    {**clean_env(), **spec.env}, spec.timeout, lambda pgid: None, spec.on_tick,
@@ -126,7 +133,9 @@ def evaluate(spec, outcome):
         outcome.reason = (f"evaluation failed ({'timeout' if timed_out else f'exit code {rc}'}): the artifact could "
                           "not be loaded or scored; see the end of the log")
         return
-    summary = parse_summary(read_log(spec.log)[text_before:])
+    with open(spec.log, "rb") as log:
+        log.seek(offset)
+        summary = parse_summary(log.read().decode("utf-8", errors="replace"))
     metric, _, problem = read_metric(summary, spec.metric)
     if metric is None:
         outcome.reason = f"evaluation failed: {problem}"
@@ -224,6 +233,8 @@ def read_metric(summary, name):
     try:
         memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
     except ValueError:
+        memory_gb = 0.0
+    if not (math.isfinite(memory_gb) and memory_gb >= 0):   # a self-reported number: never nan in the records
         memory_gb = 0.0
     try:
         metric = float(summary[name])

@@ -27,7 +27,7 @@ import git
 
 from harness import console, gitops, guard, ledger, runner, sandbox
 from harness.edits import clean_description
-from harness.errors import SetupError
+from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.redact import clean_env
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants
@@ -56,6 +56,7 @@ class Session:
     target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
     home: Path = None                   # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
     evaluation: dict = None             # {"digest", "tolerance", "evaluator_only"}; None: train.py's own number
+    frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
     wrap: object = None                 # argv -> sandboxed argv (identity without the sandbox)
     sandbox_env: dict = dataclasses.field(default_factory=dict)
     proposer: object = None             # harness.proposers.Proposer
@@ -78,11 +79,11 @@ class Session:
         """Append one event of this tag to events.jsonl; returns the record."""
         return ledger.log_event(self.target / ledger.EVENTS, self.args.tag, event, **fields)
 
-    def hidden(self):
-        """What the sandboxed training process must not see: the repository (working tree and git dir: history,
-        results.tsv, events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases,
-        docker) and the evaluator-only data files."""
-        evaluator_only = self.evaluation["evaluator_only"] if self.evaluation else []
+    def hidden(self, evaluator=False):
+        """What a sandboxed process must not see: the repository (working tree and git dir: history, results.tsv,
+        events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases, docker) and, for
+        train.py (not for the evaluator, which scores on them), the evaluator-only data files."""
+        evaluator_only = self.evaluation["evaluator_only"] if self.evaluation and not evaluator else []
         return [Path(self.repo.working_tree_dir), gitops.git_dir(self.repo), Path("/run"),
                 *map(Path, evaluator_only)]
 
@@ -118,18 +119,23 @@ def best_source(s):
     return gitops.file_at(s.repo, s.best_commit, s.train_rel)
 
 
-def commit_candidate(s, n, source, message, attempt=0):
+def commit_candidate(s, n, source, message, attempt=0, amend=None):
     """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
-    (attempt > 0: amend the crashed candidate with a fix). Only train.py is committed; hooks run and a blocking one
+    (amend: the crashed candidate's sha, amended with a fix as attempt > 0). Only train.py is committed; hooks run and a blocking one
     raises Stop. The message body names the tag and experiment, so two identical candidates never share a commit.
     Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
     blob = git_blob_sha(source.encode())
     s.candidate_blobs.add(blob)
     s.log("candidate", n=n, attempt=attempt, parent=s.best_commit, blob=blob, message=message)
-    stage = gitops.open_stage(s.repo, s.home / "stage", s.best_commit) if attempt == 0 else git.Repo(s.home / "stage")
+    stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
     body = f"{message}\n\nautoresearch: tag {s.args.tag}, experiment {n}"
-    commit = gitops.commit_file(stage, s.train_rel, body, amend=attempt > 0)
+    commit = gitops.commit_file(stage, s.train_rel, body, amend=amend is not None)
+    changed = s.repo.git.diff("--name-only", s.best_commit, commit).split()
+    if changed != [s.train_rel]:                     # a hook (or a planted one) added files to the commit
+        raise Stop(f"the candidate commit {commit[:7]} changes {', '.join(changed) or 'nothing'}, not only "
+                   f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
+                   "train.py only")
     gitops.make_candidate_ref(s.repo, s.args.tag, n, commit)
     s.log("commit", n=n, attempt=attempt, full_commit=commit)
     return commit
@@ -149,13 +155,17 @@ def train_candidate(s, n, attempt, commit):
     def on_start(pgid):
         s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout, cwd=str(run_dir),
               sandbox=s.args.sandbox if s.wrap is not None else "off")
-        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *(s.home / "frozen").rglob("*.py")]
-        snapshot.append(guard.take(s.repo, own))
+        git_dir = gitops.git_dir(s.repo)                   # and what would make git run a program of the run's
+        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *(s.home / "frozen").rglob("*.py"),
+               git_dir / "config"]
+        snapshot.append(guard.take(s.repo, own, [git_dir / "hooks", git_dir / "info"]))
 
     evaluation = None
     if s.evaluation is not None:
-        evaluation = runner.Evaluation(prepare_dir=s.home / "frozen", artifact=run_dir / s.evaluation["artifact"],
-                                       digest=s.evaluation["digest"], tolerance=s.evaluation["tolerance"])
+        evaluation = runner.Evaluation(
+            prepare_dir=s.home / "frozen", artifact=run_dir / s.evaluation["artifact"], digest=s.evaluation["digest"],
+            tolerance=s.evaluation["tolerance"], own_required=s.wrap is None, setup=lambda: export_frozen(s),
+            wrap=(lambda argv: s.wrap(argv, run_dir, evaluator=True)) if s.wrap else (lambda argv: argv))
     spec = runner.RunSpec(
         commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
         env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}",
@@ -185,12 +195,12 @@ def train_candidate(s, n, attempt, commit):
 
 def max_wall(s):
     """Seconds of train.py wall time allowed: the budget plus an allowance for start-up, export and evaluation
-    measured on the baseline: 2 x (baseline wall time - budget) + 10 % of the budget + 10 s. None before the
+    measured on the baseline: 1.5 x (baseline wall time - budget) + 2 % of the budget + 5 s. None before the
     baseline is measured."""
     if not s.history:
         return None
     overhead = max(0.0, s.history[0]["train_seconds"] - s.budget)
-    return s.budget + 2 * overhead + 0.1 * s.budget + 10
+    return s.budget + 1.5 * overhead + 0.02 * s.budget + 5
 
 
 def advance_branch(s, commit):
@@ -285,8 +295,9 @@ def open_session(args):
     # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest (and no run dir
     #    left by a killed agent: we hold the lock and killed its run)
     shutil.rmtree(s.home / "runs", ignore_errors=True)
-    shutil.rmtree(s.home / "frozen", ignore_errors=True)
-    gitops.export_commit(repo, s.best_commit, s.target_rel, s.home / "frozen")
+    s.frozen_base = next((e["base"] for e in all_events if e.get("tag") == args.tag and e.get("event") == "frozen_inputs"
+                          and e.get("base")), s.best_commit)
+    export_frozen(s)
     setup_sandbox(s)
     if "METRIC_TOLERANCE" in constants:
         s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
@@ -302,6 +313,13 @@ def open_session(args):
         ledger.append_line(target / ledger.RESULTS, ledger.results_row(history[-1]))
         s.log("row_restored", n=history[-1]["n"])
     return s, constants
+
+
+def export_frozen(s):
+    """A fresh pristine copy of the target at the tag's base commit (recorded with the frozen inputs) in frozen/:
+    made at start and again right before every evaluation, so nothing a run did to it can score the run."""
+    shutil.rmtree(s.home / "frozen", ignore_errors=True)
+    gitops.export_commit(s.repo, s.frozen_base, s.target_rel, s.home / "frozen")
 
 
 def adopt_human_commits(s, tip):
@@ -324,7 +342,8 @@ def setup_sandbox(s):
     hidden (filled in by frozen_inputs), or say once which protections are missing."""
     reason = sandbox.probe() if s.args.sandbox != "off" else "--sandbox off"
     if reason is None:
-        s.wrap = lambda argv, run_dir: sandbox.wrap(argv, run_dir=run_dir, hide=s.hidden(), expose=s.exposed())
+        s.wrap = lambda argv, run_dir, evaluator=False: sandbox.wrap(
+            argv, run_dir=run_dir, hide=s.hidden(evaluator), expose=s.exposed() + ([s.home / "frozen"] if evaluator else []))
         s.sandbox_env = sandbox.scratch_env()
         console.say("sandbox: bubblewrap (read-only filesystem, repository and evaluation data hidden, no network)")
         return
@@ -351,5 +370,6 @@ def frozen_inputs(s, all_events, tolerance):
                          f"recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer or the evaluation data "
                          "differ, so new results would not be comparable. Restore them, or start a new --tag")
     if not recorded:
-        s.log("frozen_inputs", digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"])
+        s.log("frozen_inputs", digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],
+              base=s.frozen_base)
     return {"digest": found["digest"], "tolerance": tolerance, "evaluator_only": found["evaluator_only"]}
