@@ -35,6 +35,7 @@ from harness.gitops import file_at, lock_repo, open_repo
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer
 from harness.redact import redact
+from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, open_session, record,
                              train_candidate)
 from harness.target import FROZEN, check_target, read_text, run_prepare
@@ -231,6 +232,7 @@ def main(argv=None):
     input or state (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
     args = parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
+    become_subreaper()                      # a process a run detaches still ends with the run
     s = None
     try:
         target = Path(args.target).resolve()

@@ -172,6 +172,7 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     (Ctrl-C) the whole group is killed; so are stray children of a run that exited. Returns (returncode or None
     on timeout, seconds, timed_out)."""
     t0 = time.monotonic()
+    ours = children()                       # anything else that turns up as our child afterwards is the run's
     with open(log_path, "ab" if append else "wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
@@ -190,10 +191,52 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                     pass
         except BaseException:
             kill_group(proc.pid, proc)
+            kill_strays(ours)
             raise
     seconds = time.monotonic() - t0
     kill_group(proc.pid, proc)
+    kill_strays(ours)
     return rc, seconds, False
+
+
+def become_subreaper():
+    """Linux: make this process the subreaper of everything it starts, so that a process a run detaches from its
+    process group (double fork + setsid, which kill_group cannot reach) is re-parented to us, not to init, and
+    kill_strays finds it. Returns False where that is not possible (then such a process outlives the run)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def children():
+    """The pids whose parent is this process (read from /proc; empty where there is no /proc)."""
+    found, me = set(), os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def kill_strays(ours):
+    """SIGKILL and reap every child of ours that was not one before the run: a run's detached descendants,
+    re-parented to us (become_subreaper). Only those pids are waited for, never our other subprocesses."""
+    for _ in range(3):                      # a stray may fork while we look: look again
+        strays = children() - ours
+        if not strays:
+            return
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 def kill_group(pgid, proc=None):

@@ -9,6 +9,7 @@ real targets in tests/test_cheats_real.py.
 """
 
 import json
+import time
 import socket
 import threading
 
@@ -221,3 +222,26 @@ def test_no_number_without_the_sandbox_is_rejected(target):
     quiet = edit("say nothing", 'print(f"val_bpb:          {val_bpb:.6f}")', "print('val_bpb: nan')")
     row, _ = one(target, quiet, "off")
     assert row[3] == "crash" and "printed no finite val_bpb although it could read the evaluation data" in row[4]
+
+
+DAEMON = """
+if os.fork() == 0:
+    os.setsid()                                       # leaves the run's process group: kill_group cannot reach it
+    if os.fork() == 0:
+        _run, _res = os.getcwd(), {results!r}
+        while os.path.exists(_run):                   # wait until the guard has looked and the run dir is gone
+            time.sleep(0.02)
+        time.sleep(0.5)
+        open(_res, 'a').write('abcdef0\\t0.100000\\t0.0\\tkeep\\tforged by a daemon\\n')
+        os._exit(0)
+    os._exit(0)
+os.wait()
+"""
+
+
+def test_a_detached_daemon_dies_with_the_run_without_the_sandbox(target):
+    row, _ = one(target, inject("lower LR, leave a daemon", "LR = 0.03\n" + DAEMON.format(
+        results=str(target / "results.tsv"))), "off")
+    time.sleep(2)                                     # the daemon would have written by now
+    assert row[1:4] == ["1.208000", "2.0", "discard"]
+    assert "forged" not in (target / "results.tsv").read_text()
