@@ -31,7 +31,7 @@ from pathlib import Path
 from harness import console, ledger
 from harness.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
-from harness.gitops import file_at, lock_repo, open_repo
+from harness.gitops import file_at, lock_repo, make_candidate_ref, open_repo
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer
 from harness.redact import redact
@@ -78,6 +78,7 @@ def research_loop(s):
 def run_baseline(s):
     """Experiment 0: the unmodified train.py at the branch start, measured on this machine."""
     t0, spent0, commit = time.monotonic(), s.spent(), s.best_commit
+    make_candidate_ref(s.repo, s.args.tag, 0, commit)
     outcome = train_candidate(s, 0, 0, commit)
     if outcome.metric is None:
         raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit it "

@@ -76,6 +76,7 @@ def test_baseline_keep_discard_rows_and_branch(target):
     assert rows(target) == [baseline_row(target),
                             f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR",
                             f"{discard[:7]}\t1.208000\t2.0\tdiscard\tlower LR"]
+    assert sha(target, f"refs/autoresearch/t/0000-{sha(target, 'main')[:7]}") == sha(target, "main")
     # the user's checkout never moved; the branch holds the baseline and the kept candidate
     assert repo.active_branch.name == "main" and "LR = 0.04" in (target / "train.py").read_text()
     branch = repo.commit("autoresearch/t")

@@ -26,7 +26,6 @@ SCALED = edit("scale the evaluator's answer", EVAL_CALL, EVAL_CALL.replace("= ev
 SHIM = edit("shim the cross-entropy", "model.eval()", (   # anchored apart from EVAL_CALL: SCALED may be kept
     "import types, prepare as _p\n"
     "_p.F = types.SimpleNamespace(cross_entropy=lambda *a, **k: 0.5 * F.cross_entropy(*a, **k))\nmodel.eval()"))
-FAKE = edit("skip training", "t_eval = time.time()", "print('---\\nval_bpb: 0.500000\\ntime_budget_s: 2')\nsys.exit(0)")
 
 
 def line_edit(description, old, new):
@@ -67,7 +66,7 @@ def test_cheats_and_honest_edits_in_the_sandbox(real_repo):
             pytest.fail(f"bubblewrap does not work in CI: {sandbox.probe()}")
         pytest.skip(sandbox.probe())
     repo_dir, env = real_repo
-    exps, ends = run(repo_dir, env, [SCALED, SHIM, FAKE, *NO_FIX, ON_VAL, *NO_FIX, *HONEST], "auto")
+    exps, ends = run(repo_dir, env, [SCALED, SHIM, ON_VAL, *NO_FIX, *HONEST], "auto")
     by_desc = {e["description"].split(" (")[0]: e for e in exps}
     # the patched in-process evaluators cannot even read the val split here: the number is the evaluator's
     for name in ("scale the evaluator's answer", "shim the cross-entropy"):
@@ -75,13 +74,20 @@ def test_cheats_and_honest_edits_in_the_sandbox(real_repo):
         end = next(r for r in ends if r["n"] == e["n"])
         assert e["status"] in ("keep", "discard") and end["own_metric"] is None
         assert e["metric"] == pytest.approx(evaluator_said(end["log"]), abs=1e-6)
-    assert by_desc["skip training"]["status"] == "crash" and "no model artifact" in by_desc["skip training"]["description"]
     assert by_desc["train on the val split"]["status"] == "crash"
     assert "Permission denied" in next(r for r in ends if r["n"] == by_desc["train on the val split"]["n"])["log_tail"]
     for e in exps[-5:]:                                  # honest controls: measured, never flagged
         assert e["status"] in ("keep", "discard") and "(" not in e["description"], e
-    rows = (repo_dir / "results.tsv").read_text().splitlines()[1:]
-    assert len(rows) == 10 and not git.Repo(repo_dir).is_dirty()
+    rows = [line.split("\t") for line in (repo_dir / "results.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == 9 and not git.Repo(repo_dir).is_dirty()
+    # the branch holds the kept commits, and report.py reads what agent.py wrote
+    kept = [row for row in rows if row[3] == "keep"]
+    assert git.Repo(repo_dir).commit("autoresearch/cheat").hexsha.startswith(kept[-1][0])
+    report = subprocess.run([sys.executable, str(REPO / "report.py"), str(repo_dir / "results.tsv")],
+                            cwd=repo_dir, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert f"9 rows = baseline + 8: {len(kept)} keep" in report.stdout and f"baseline     {rows[0][1]}" in report.stdout
+    assert (repo_dir / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_patched_evaluators_disagree_with_the_separate_one_without_a_sandbox(real_repo):
@@ -104,9 +110,11 @@ LATE = edit("a later pass@1 line", "        device=device.type,\n    )",
             "        device=device.type,\n    )\n    print('pass@1: 0.990000')")
 
 
-@pytest.mark.parametrize("mode", ["auto", "off"])
-def test_grpo_cheats_never_change_pass_at_1(grpo_repo, mode):
-    if mode == "auto" and sandbox.probe() is not None:
+def test_grpo_cheats_never_change_pass_at_1(grpo_repo):
+    """In the sandbox (the default; without it the same mismatch check as above applies, tested on the tiny target
+    and the pretraining target)."""
+    mode = "auto"
+    if sandbox.probe() is not None:
         if os.environ.get("CI"):
             pytest.fail(f"bubblewrap does not work in CI: {sandbox.probe()}")
         pytest.skip(sandbox.probe())
@@ -115,12 +123,9 @@ def test_grpo_cheats_never_change_pass_at_1(grpo_repo, mode):
     assert [e["description"].split(" (")[0] for e in exps] == ["baseline", "reward everything", "override the summary",
                                                               "a later pass@1 line"]
     reward, override, late = exps[1:]
-    # the patched reward: the in-process number is 1.0 without the sandbox (mismatch), none inside it (the test
-    # split is hidden); either way nothing but the frozen evaluator's pass@1 is ever recorded
-    if mode == "off":
-        assert reward["status"] == "crash" and "metric mismatch: train.py printed pass@1 1.000000" in reward["description"]
-    else:
-        assert reward["status"] in ("keep", "discard") and reward["metric"] < 0.99
+    # the patched reward: no in-process number inside the sandbox (the test split is hidden): the frozen evaluator's
+    # pass@1 is what is recorded
+    assert reward["status"] in ("keep", "discard") and reward["metric"] < 0.99
     for e in (override, late):
         assert e["status"] == "crash" and "metric mismatch: train.py printed pass@1 0.990000" in e["description"]
     assert not git.Repo(target.parent).is_dirty()
