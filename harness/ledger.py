@@ -215,11 +215,9 @@ class TagState:
     """A tag's position rebuilt from its events (see the order of operations in the module docstring)."""
     history: list           # the tag's "experiment" events, in order (the baseline is n = 0)
     kept: list              # those with status keep
-    candidate_blobs: set    # git blob shas of every train.py the tag wrote
     cost_usd: float         # LLM spend and tokens so far (the "propose" events)
     input_tokens: int
     output_tokens: int
-    pending: list           # the events after the tag's last finished experiment: an interrupted iteration
     stale_run: dict | None  # the "run" event of a training run started but not ended in that iteration
 
 
@@ -230,13 +228,12 @@ def tag_state(all_events, tag):
     proposals = [e for e in mine if e.get("event") == "propose"]
     last_done = max((i for i, e in enumerate(mine) if e.get("event") in ("experiment", "cleaned", "stop")),
                     default=-1)
-    pending = mine[last_done + 1:]
+    pending = mine[last_done + 1:]          # the events of an interrupted iteration, if any
     runs = [e for e in pending if e.get("event") == "run"]
     in_flight = bool(runs) and not any(e.get("event") == "run_end" and e.get("n") == runs[-1]["n"]
                                        and e.get("attempt") == runs[-1]["attempt"] for e in pending)
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
-                    candidate_blobs={e["blob"] for e in mine if e.get("event") == "candidate"},
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
-                    pending=pending, stale_run=runs[-1] if in_flight else None)
+                    stale_run=runs[-1] if in_flight else None)

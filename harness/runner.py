@@ -77,8 +77,7 @@ def run(spec):
     the run. Rejections (reason "rejected: ...") are runs whose result is not believed; crashes are runs with no
     result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
-    env = {**clean_env(), **spec.env}
-    rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, env,
+    rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
                                          spec.timeout, spec.on_start, spec.on_tick)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
@@ -126,7 +125,7 @@ def evaluate(spec, outcome):
     t0 = time.monotonic()
     rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
                                             str(ev.artifact)]), ev.prepare_dir, spec.log,
-                                   {**clean_env(), **spec.env}, spec.timeout, lambda pgid: None, spec.on_tick,
+                                   run_env(spec), spec.timeout, lambda pgid: None, spec.on_tick,
                                    append=True)
     outcome.eval_seconds = time.monotonic() - t0
     if timed_out or rc != 0:
@@ -148,6 +147,11 @@ def evaluate(spec, outcome):
                           f"frozen evaluator measured {metric:.6f} (tolerance {ev.tolerance:g})")
     else:
         outcome.metric = metric
+
+
+def run_env(spec):
+    """The environment of the run's processes: ours without secrets, plus what the spec adds (budget, artifact)."""
+    return {**clean_env(), **spec.env}
 
 
 def interpreter():

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,7 @@ from harness import console, gitops, guard, ledger, runner, sandbox
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
-from harness.redact import clean_env
-from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants
+from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
 
 RUN_LOG = "run.log"
 
@@ -52,7 +50,6 @@ class Session:
     best_metric: float | None
     baseline_metric: float | None
     history: list                       # this tag's "experiment" events, in order
-    candidate_blobs: set                # git blob shas of every train.py this tag wrote
     target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
     home: Path = None                   # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
     evaluation: dict = None             # {"digest", "tolerance", "evaluator_only"}; None: train.py's own number
@@ -124,9 +121,7 @@ def commit_candidate(s, n, source, message, attempt=0, amend=None):
     (amend: the crashed candidate's sha, amended with a fix as attempt > 0). Only train.py is committed; hooks run and a blocking one
     raises Stop. The message body names the tag and experiment, so two identical candidates never share a commit.
     Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
-    blob = git_blob_sha(source.encode())
-    s.candidate_blobs.add(blob)
-    s.log("candidate", n=n, attempt=attempt, parent=s.best_commit, blob=blob, message=message)
+    s.log("candidate", n=n, attempt=attempt, parent=s.best_commit, blob=git_blob_sha(source.encode()), message=message)
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
     body = f"{message}\n\nautoresearch: tag {s.args.tag}, experiment {n}"
@@ -256,7 +251,7 @@ def open_session(args):
                 timeout=args.timeout or default_timeout(budget), best_commit="",
                 best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
-                candidate_blobs=state.candidate_blobs, cost_usd=state.cost_usd, input_tokens=state.input_tokens,
+                cost_usd=state.cost_usd, input_tokens=state.input_tokens,
                 output_tokens=state.output_tokens, home=gitops.harness_dir(repo, args.tag))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
     if state.stale_run is not None:
@@ -358,12 +353,11 @@ def setup_sandbox(s):
 def frozen_inputs(s, all_events, tolerance):
     """Run the pristine `prepare.py --frozen-inputs`; record its digest when the tag starts, and refuse to resume
     when the frozen inputs (prepare.py, tokenizer, evaluation data) changed since. Returns the evaluation settings."""
+    out = run_prepare(s.home / "frozen", "--frozen-inputs", timeout=600)     # SetupError on failure or timeout
     try:
-        p = subprocess.run([sys.executable, "prepare.py", "--frozen-inputs"], cwd=s.home / "frozen", env=clean_env(),
-                           capture_output=True, text=True, timeout=600)
-        found = json.loads(p.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
-        raise SetupError(f"prepare.py --frozen-inputs failed: {(p.stderr or p.stdout)[-2000:]}") from None
+        found = json.loads(out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise SetupError(f"prepare.py --frozen-inputs printed no JSON object: {out[-2000:]!r}") from None
     recorded = [e for e in all_events if e.get("tag") == s.args.tag and e.get("event") == "frozen_inputs"]
     if recorded and recorded[0]["digest"] != found["digest"]:
         raise SetupError(f"the frozen inputs changed since tag {s.args.tag!r} started (digest {found['digest'][:12]}, "
