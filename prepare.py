@@ -61,11 +61,12 @@ METRIC_NAME = "val_bpb"  # what agent.py reads from the summary (with ast, never
 METRIC_GOAL = "min"      # lower bits per byte is better
 # The largest |val_bpb printed by train.py - val_bpb of `prepare.py --evaluate`| an honest run shows. They
 # differ only in arithmetic: train.py evaluates under its autocast (bf16 on GPUs and on CPUs with AMX /
-# AVX512-BF16), the separate evaluator runs the exported program in float32. Measured on the cpu profile
-# (depth 4, dim 256, bf16 in process, 2-core Xeon with AMX): gaps of 2e-6, 1.4e-5, 9e-6 and 1.2e-5 bpb
-# after 2, 20, 60 and 300 s of training; the bf16 noise per token (std 0.008 nats) puts 3 sigma of the
-# gap near 6e-5. The tolerance is ~7x the largest gap measured. Not yet measured on a GPU (FA3 vs SDPA).
-METRIC_TOLERANCE = 1e-4
+# AVX512-BF16), the separate evaluator runs the exported program in float32 (TF32 matmuls on CUDA). Measured on
+# the cpu profile: on a 2-core Xeon with AMX, gaps of 2e-6, 1.4e-5, 9e-6 and 1.2e-5 bpb after 2, 20, 60 and 300 s
+# of training; on an H200 (torch 2.11, SDPA), 3.1e-5 and 4.2e-5 after 20 and 40 s. The ranked number is always
+# the evaluator's, so the tolerance only decides when train.py's own number is called a lie (`metric mismatch`):
+# ~12x the largest gap measured, for the larger models and longer rows of the default profile (not measured).
+METRIC_TOLERANCE = 5e-4
 TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
 PREFLIGHT = False        # nothing to check before the loop beyond --check
 

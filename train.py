@@ -544,8 +544,11 @@ while True:
 
 model.eval()
 t_eval = time.time()
+# The eager model, not train_model: on an H200 with torch 2.11 the inductor graph compiled under no_grad returned
+# different logits on each call of the same batch (spread up to 15), while eager and the compiled training graph
+# agree; bench/gpu_check.sh checks this. Evaluation is a small share of the run, so eager costs little.
 with autocast:
-    val_bpb = evaluate_bpb(train_model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)
+    val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)
 eval_seconds = time.time() - t_eval
 
 trained_steps = step - EXCLUDED_STEPS

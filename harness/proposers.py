@@ -12,9 +12,6 @@ import random
 import time
 from typing import Callable
 
-import anthropic
-import openai
-
 from harness.errors import SetupError, Stop
 from harness.perturb import perturb
 
@@ -82,10 +79,13 @@ def make_proposer(args):
     if not key:
         raise SetupError(f"--proposer {args.proposer} needs {KEY_ENV[args.proposer]} in the environment (or --base-url "
                          "for a local server); without a key use --proposer random")
+    # The SDKs are imported only here: the random and grid proposers (and a GPU box without them) never load them.
     if args.proposer == "anthropic":
+        import anthropic
         client = anthropic.Anthropic(api_key=key, base_url=args.base_url, max_retries=0, timeout=600)
         return Proposer(args.proposer, args.model, lambda system, messages: ask_anthropic(
             client, args.model, system, messages), args)
+    import openai
     client = openai.OpenAI(api_key=key, base_url=args.base_url, max_retries=0, timeout=600)
     return Proposer(args.proposer, args.model, lambda system, messages: ask_openai(
         client, args.model, system, messages), args)
@@ -130,6 +130,8 @@ def call_with_retries(call, system, messages, args, on_retry=None):
     connections) are retried forever with exponential backoff and jitter (base args.retry_base_delay, cap
     RETRY_CAP_S). Authentication errors, unknown models and other rejected requests raise Stop at once.
     The Reply's seconds include the retries."""
+    import anthropic
+    import openai
     t0 = time.monotonic()
     for attempt in itertools.count():
         try:

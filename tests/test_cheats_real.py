@@ -21,7 +21,7 @@ from harness import sandbox
 
 REPO = Path(__file__).resolve().parents[1]
 NO_FIX = ["I cannot fix this."] * 3           # a crash is sent back for a fix: these answers give up
-EVAL_CALL = "    val_bpb = evaluate_bpb(train_model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)"
+EVAL_CALL = "    val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)"
 SCALED = edit("scale the evaluator's answer", EVAL_CALL, EVAL_CALL.replace("= evaluate_bpb", "= 0.9 * evaluate_bpb"))
 SHIM = edit("shim the cross-entropy", "model.eval()", (   # anchored apart from EVAL_CALL: SCALED may be kept
     "import types, prepare as _p\n"
