@@ -32,8 +32,9 @@ from harness import console, ledger
 from harness.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
 from harness.gitops import file_at, lock_repo, make_candidate_ref, open_repo
-from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word
-from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer
+from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word,
+                             program_brief)
+from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
 from harness.redact import redact
 from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, open_session, record,
@@ -119,7 +120,7 @@ def propose(s, n):
     """Ask the proposer for the next idea against the current (best) train.py. Returns (description, source,
     repairs), or None if no answer could be repaired."""
     train_src = best_source(s)
-    prompt = PROPOSE_PROMPT.format(program=read_text(s.target / "program.md"), metric=s.metric,
+    prompt = PROPOSE_PROMPT.format(program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric,
                                    goal=goal_word(s.goal), history=format_history(s.history, s.metric), train=train_src)
     s.status(n, "proposing")
     proposal = ask_for_edit(s, n, [{"role": "user", "content": prompt}], train_src)
@@ -257,9 +258,14 @@ def main(argv=None):
             s.log("config", proposer=args.proposer, model=args.model, base_url=args.base_url, metric=s.metric,
                   goal=s.goal, budget_s=s.budget, timeout_s=s.timeout, max_experiments=args.max_experiments,
                   hours=args.hours, max_cost_usd=args.max_cost_usd)
+            if proposer.is_llm and args.max_cost_usd is not None and price_key(args.model) is None:
+                console.say(f"warning: --max-cost-usd {args.max_cost_usd:g} cannot stop this run: model {args.model!r} "
+                            f"is not in the price table (PRICES in harness/proposers.py), so its calls count as $0. "
+                            f"Add its prices there, or also set --max-experiments or --hours")
             console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, "
                         f"proposer {args.proposer}{' ' + args.model if s.proposer.is_llm else ''}, budget "
                         f"{s.budget:g}s, timeout {s.timeout:g}s")
+            proposer.check()                    # a refused key or unknown model stops here, before the baseline
             reason = research_loop(s)
             s.log("stop", reason=reason)
             console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # the object API needs no pyplot backend: 
 from matplotlib.ticker import MaxNLocator
 
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
-from harness.ledger import (STATUSES, Results, Row, experiment_events, load_results, read_events,  # noqa: F401
+from harness.ledger import (STATUSES, Results, Row, experiment_events, load_results, read_events, rows_by_tag,  # noqa: F401
                             select_tag)
 from harness.target import read_literals
 
@@ -307,15 +307,17 @@ class Run:
     goal: str                  # "min" or "max"
     rows: list                 # list[Row]: the whole file, or the tag's rows
     skipped: list              # malformed lines left out of the file
-    events: list | None        # every event of the events file; None when there is no events file
-    tag: str | None
+    events: list | None        # every event of the events file; None when there is none or it does not match the rows
+    tag: str | None            # the tag asked for, or the latest one when the file holds several
+    notes: list = None         # what load_run decided for the reader (events ignored, latest tag picked)
 
 
 def load_run(results=".", events=None, tag=None, goal=None):
     """Everything the report needs, as the command line and the notebook both ask for it.
 
     results: a results.tsv or a target folder holding one. events: an events.jsonl; None means the one next
-    to results.tsv if it exists. tag: keep only that run's rows (needs the events file). goal: "min"/"max";
+    to results.tsv if it exists, used only when its experiments account for the rows. tag: keep only that run's
+    rows (needs the events file); None: the latest tag when the events name several. goal: "min"/"max";
     None means METRIC_GOAL of prepare.py next to results.tsv, else guessed from the metric name.
     Raises FileNotFoundError / ValueError with a message naming the fix.
     """
@@ -327,10 +329,27 @@ def load_run(results=".", events=None, tag=None, goal=None):
     if tag and event_list is None:
         raise ValueError(f"--tag needs the events file to know which rows belong to a run, and {events_path} "
                          f"does not exist; pass it with --events")
+    notes = []
+    by_tag, strays = rows_by_tag(path, event_list) if event_list is not None and not tag else ({}, [])
+    if strays:
+        # an events.jsonl that did not write these rows (another run's, or rows written by hand): its times and
+        # tokens would be someone else's
+        notes.append(f"{events_path.name} does not account for {len(strays)} row(s) of {path.name} (another run's "
+                     f"events?): ignored; pass the right one with --events")
+        event_list = None
+    elif by_tag:
+        tag = list(by_tag)[-1]  # one run per report: a second tag's baseline is not an experiment of the first
+        if len(by_tag) > 1:
+            notes.append(f"{path.name} holds the tags {', '.join(by_tag)}: reporting the latest, {tag} (--tag to choose)")
     rows = select_tag(loaded.rows, event_list, tag) if tag else loaded.rows
     goal = goal or read_goal(path.parent) or infer_goal(loaded.metric_name)
     return Run(path=path, title=path.name + (f" tag {tag}" if tag else ""), metric_name=loaded.metric_name,
-               goal=goal, rows=rows, skipped=loaded.skipped, events=event_list, tag=tag)
+               goal=goal, rows=rows, skipped=loaded.skipped, events=event_list, tag=tag, notes=notes)
+
+
+def is_smoke(row):
+    """A row of a run with a shortened budget: agent.py starts its description with "[budget 10s]"."""
+    return row.description.startswith("[budget ")
 
 
 def main(argv=None):
@@ -352,14 +371,25 @@ def main(argv=None):
         print(f"warning: skipped a malformed line (a partial last line is normal while a run is going): {line[:80]!r}",
               file=sys.stderr)
 
+    for note in run.notes:
+        print(f"note: {note}", file=sys.stderr)
+
     print(f"report of {run.title}")
-    print(format_summary(summarize(run.rows, run.metric_name, run.goal)))
+    smoke = [row for row in run.rows if is_smoke(row)]
+    rows = [row for row in run.rows if not is_smoke(row)] or smoke
+    if smoke and rows is smoke:
+        print(f"smoke run: every row has a shortened budget ({smoke[0].description.split(']')[0]}]), "
+              f"not comparable to full runs")
+    print(format_summary(summarize(rows, run.metric_name, run.goal)))
+    if smoke and rows is not smoke:
+        print(f"smoke rows   {len(smoke)} with a shortened budget, apart from the numbers above: "
+              + ", ".join(f"{row.commit} {row.status}" for row in smoke[:10]) + (" ..." if len(smoke) > 10 else ""))
     print()
-    print(format_kept(kept_table(run.rows, run.goal), run.metric_name))
+    print(format_kept(kept_table(rows, run.goal), run.metric_name))
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))
-    png = plot_progress(run.rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title)
+    png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title)
     print(f"\nwrote {png}")
     return 0
 

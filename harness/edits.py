@@ -59,5 +59,8 @@ def apply_answer(answer, train_src, frozen=("prepare.py",)):
 
 
 def clean_description(text):
-    """One line, no tabs, at most 200 characters: safe for a results.tsv cell and a commit subject."""
+    """One line of printable text, at most 200 characters: safe for a results.tsv cell, a commit subject and a
+    terminal. Control characters (NUL, which git refuses; ESC and BEL, which drive terminals; C1 codes) become
+    spaces, and runs of whitespace (tabs, newlines) one space."""
+    text = "".join(c if c.isprintable() else " " for c in text)
     return " ".join(text.split())[:200]

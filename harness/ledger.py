@@ -12,7 +12,8 @@ Order of operations for experiment n, and what a restart after SIGKILL at each p
   2. "run" event (process group id, run dir), train and evaluate, "run_end" event
                                   -> a training group still alive is killed; the run dir is replaced on the redo
   3. "experiment" event  (the experiment happened: from here on it counts)
-  4. results.tsv row              -> if the kill hit between 3 and 4, the row is appended on restart (missing_row)
+  4. results.tsv row              -> if the kill hit between 3 and 4, the row is appended on restart (missing_row);
+                                     a row cut mid-write is removed first (repair_results)
   5. keep: the branch moves to the candidate (update-ref)
                                   -> if the kill hit between 3 and 5, the branch is moved on restart
 n is the number of the tag's "experiment" events, so an interrupted experiment is simply redone (its commit stays
@@ -23,6 +24,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 from pathlib import Path
 
 from harness.redact import redact
@@ -43,9 +45,11 @@ def results_header(metric):
 
 def results_row(event):
     """karpathy's 5 columns from an "experiment" event: 7-char commit, metric (6 decimals), memory_gb
-    (1 decimal), status, description."""
+    (1 decimal), status, description. A run with a shortened budget (event smoke=True) is labelled in the
+    description, e.g. "[budget 10s] baseline", so it never passes for a full run."""
+    label = f"[budget {event['budget_s']:g}s] " if event.get("smoke") else ""
     return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
-            f"{event['description']}")
+            f"{label}{event['description']}")
 
 
 def append_line(path, line):
@@ -64,10 +68,53 @@ def log_event(path, tag, event, **fields):
     return record
 
 
-def end_with_newline(path):
-    """A line cut by a power loss mid-write must not swallow the next one appended after it."""
-    if path.exists() and path.stat().st_size and not path.read_text(encoding="utf-8").endswith("\n"):
+def repair_last_line(path, complete):
+    """Deal with a last line that has no final newline (a kill or power loss during an append). If complete(line)
+    says it is whole (say, a row an editor saved without a newline) it gets its newline; otherwise it is a torn
+    fragment and is cut off, so the next append does not continue it: a results.tsv row is re-derived from its
+    event (missing_row) and a cut event was never complete. Returns the fragment cut off ("" if none), for the
+    caller to log, so nothing is lost without a trace."""
+    path = Path(path)
+    data = path.read_bytes() if path.is_file() else b""
+    if not data or data.endswith(b"\n"):
+        return ""
+    cut = data.rfind(b"\n") + 1
+    fragment = data[cut:].decode("utf-8", errors="replace")
+    if complete(fragment):
         append_line(path, "")
+        return ""
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return fragment
+
+
+def repair_results(path, all_events):
+    """repair_last_line for results.tsv: a last line is whole when it is a 5-cell row and not a strict prefix of a
+    row that an "experiment" event produced (which is what an append cut by a kill looks like)."""
+    made = {results_row(e) for e in all_events if e.get("event") == "experiment"}
+    return repair_last_line(path, lambda line: is_row(line) and not any(r != line and r.startswith(line) for r in made))
+
+
+def is_row(line):
+    """A whole results.tsv row: 5 tab-separated cells, a number (or the header's metric name) in the second."""
+    cells = line.split("\t")
+    if len(cells) != 5:
+        return False
+    try:
+        float(cells[1])
+    except ValueError:
+        return cells[0] == "commit"
+    return True
+
+
+def is_event(line):
+    """A whole events.jsonl line: one JSON object."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def ensure_results_header(path, metric):
@@ -80,7 +127,55 @@ def ensure_results_header(path, metric):
     if text.splitlines()[0] != header:
         raise ValueError(f"{path} starts with {text.splitlines()[0]!r}, not {header!r}: it belongs to another "
                          "metric; move it away or use the right --target")
-    end_with_newline(path)
+
+
+def rows_by_tag(results_path, all_events):
+    """results.tsv's rows grouped by the tag whose "experiment" event wrote them: ({tag: [row text]}, [rows no event
+    accounts for]), in file order; lines that are not rows are left out. Rows and events are appended in the same order, so each row takes the earliest unused event
+    that produces exactly its text (two tags can share a baseline row)."""
+    lines = results_path.read_text(encoding="utf-8").splitlines()[1:] if results_path.exists() else []
+    unused = [(results_row(e), str(e.get("tag"))) for e in all_events if e.get("event") == "experiment"]
+    by_tag, strays = {}, []
+    for line in lines:
+        if not is_row(line):    # blank or malformed: load_results reports those
+            continue
+        i = next((i for i, (row, _) in enumerate(unused) if row == line), None)
+        if i is None:
+            strays.append(line)
+            continue
+        by_tag.setdefault(unused.pop(i)[1], []).append(line)
+    return by_tag, strays
+
+
+def archive_path(results_path, tag):
+    """Where a finished tag's rows go when another tag starts: results.<tag>.tsv beside results.tsv."""
+    return results_path.with_name(f"results.{re.sub(r'[^A-Za-z0-9._-]', '_', tag)}.tsv")
+
+
+def keep_one_tag(results_path, all_events, tag, metric):
+    """karpathy's contract: results.tsv holds one run. Move the rows of every other tag to archive_path (appended
+    when it exists; written and fsynced before results.tsv is replaced, so a kill loses nothing) and leave results.tsv
+    with the header and `tag`'s rows. Returns {archive path: rows moved}. Rows no event accounts for must have been
+    refused before (rows_by_tag)."""
+    by_tag, _ = rows_by_tag(results_path, all_events)
+    moved = {}
+    for other, rows in by_tag.items():
+        if other == tag:
+            continue
+        path = archive_path(results_path, other)
+        if not path.exists() or not path.read_text(encoding="utf-8").strip():
+            append_line(path, results_header(metric))
+        for row in rows:
+            append_line(path, row)
+        moved[path] = len(rows)
+    if moved:
+        staged = results_path.with_name(results_path.name + ".new")
+        staged.write_text("".join(line + "\n" for line in [results_header(metric), *by_tag.get(tag, [])]),
+                          encoding="utf-8")
+        with open(staged, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(staged, results_path)
+    return moved
 
 
 def missing_row(results_path, all_events, event):

@@ -4,6 +4,7 @@ history table they carry. Pure text: never touches files, git or the network.
 """
 
 import collections
+import re
 
 from harness.ledger import results_row
 
@@ -32,7 +33,7 @@ The frozen files, for reference (read-only):
 {frozen}"""
 
 PROPOSE_PROMPT = """\
-# program.md (the human's research directions)
+# program.md (the human's instructions: the goal, the rules, the research directions)
 {program}
 
 # Experiment history ({metric}, {goal} is better; the best kept version is the current train.py)
@@ -63,6 +64,22 @@ REPAIR_PROMPT = """\
 Your answer was rejected: {error}
 Answer again in the exact format (a DESCRIPTION line, then SEARCH/REPLACE blocks against the same train.py)."""
 
+
+
+# Sections of program.md written for an external coding agent that runs the loop itself (shell commands, git, the
+# results file): agent.py does all of that, so the proposer never reads them.
+HARNESS_SECTIONS = ("setup", "output", "output format", "logging results", "the experiment loop")
+
+
+def program_brief(program, budget):
+    """What the proposer needs of program.md: every section except HARNESS_SECTIONS (## headings, any case), with
+    the document's own "5 minutes" / "five-minute" budget wording replaced by this run's budget in seconds."""
+    parts = re.split(r"(?m)^(?=## )", program)
+    kept = [part for part in parts
+            if not (part.startswith("## ") and part[3:].splitlines()[0].strip().lower() in HARNESS_SECTIONS)]
+    text = "".join(kept).strip()
+    text = re.sub(r"\b(?:5|five)[- ]minutes?\b(?= training)", f"{budget:g}-second", text, flags=re.I)
+    return re.sub(r"\b(?:5|five) minutes\b", f"{budget:g} seconds", text, flags=re.I) + "\n"
 
 
 def goal_word(goal):

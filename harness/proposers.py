@@ -56,6 +56,7 @@ class Proposer:
     args: object = None
     profile: str | None = None
     on_retry: Callable | None = None
+    ping: Callable | None = None            # the LLM provider's smallest request: () -> Reply, one attempt
 
     @property
     def is_llm(self):
@@ -67,6 +68,13 @@ class Proposer:
         if self.call is None:
             return Reply(perturb(train_src, self.name, n, self.args.seed, self.args.tag, self.profile))
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
+
+    def check(self):
+        """One tiny request (a 1-token answer) before any training, so that a refused key or an unknown model stops
+        the run at once instead of after the baseline. Transient errors are retried like any call; raises Stop for
+        the others. A no-op for random/grid."""
+        if self.ping is not None:
+            call_with_retries(lambda system, messages: self.ping(), "", [], self.args, self.on_retry)
 
 
 def make_proposer(args):
@@ -84,11 +92,11 @@ def make_proposer(args):
         import anthropic
         client = anthropic.Anthropic(api_key=key, base_url=args.base_url, max_retries=0, timeout=600)
         return Proposer(args.proposer, args.model, lambda system, messages: ask_anthropic(
-            client, args.model, system, messages), args)
+            client, args.model, system, messages), args, ping=lambda: ping_anthropic(client, args.model))
     import openai
     client = openai.OpenAI(api_key=key, base_url=args.base_url, max_retries=0, timeout=600)
     return Proposer(args.proposer, args.model, lambda system, messages: ask_openai(
-        client, args.model, system, messages), args)
+        client, args.model, system, messages), args, ping=lambda: ping_openai(client, args.model))
 
 
 def ask_anthropic(client, model, system, messages):
@@ -116,9 +124,29 @@ def ask_openai(client, model, system, messages):
                                                                              cached, 0))
 
 
+PING = [{"role": "user", "content": "Reply with OK."}]   # Proposer.check's request, answered in one token
+
+
+def ping_anthropic(client, model):
+    """The smallest Messages request: proves the key, the model id and the endpoint. Returns an empty Reply."""
+    client.messages.create(model=model, max_tokens=1, messages=PING)
+    return Reply("")
+
+
+def ping_openai(client, model):
+    """The smallest Chat Completions request: proves the key, the model id and the endpoint. Returns an empty Reply."""
+    client.chat.completions.create(model=model, max_completion_tokens=1, messages=PING)
+    return Reply("")
+
+
+def price_key(model):
+    """The PRICES entry of a model id (dated ids like claude-haiku-4-5-20251001 use their base entry), or None."""
+    return max((k for k in PRICES if model == k or model.startswith(k + "-")), key=len, default=None)
+
+
 def price(model, uncached_in, out, cache_read, cache_write):
-    """USD for one call from PRICES (dated ids like claude-haiku-4-5-20251001 use their base entry); 0 if unknown."""
-    key = max((k for k in PRICES if model == k or model.startswith(k + "-")), key=len, default=None)
+    """USD for one call from PRICES; 0 for a model the table does not know."""
+    key = price_key(model)
     if key is None:
         return 0.0
     p_in, p_out, p_read, p_write = PRICES[key]

@@ -1,23 +1,42 @@
 """
-HARNESS: secrets. Decides which environment variables are secrets (never passed to train.py or prepare.py) and
-replaces their values in any text before it is logged or printed. Must never log or return a secret's value.
+HARNESS: secrets. Decides which environment variables train.py and prepare.py get (an allow-list, never a secret)
+and replaces secret values in any text before it is logged, printed or sent to the LLM. Must never log or return a
+secret's value.
 """
 
 import os
+import re
+
+# Environment variables a training run may need: the toolchain (Python, CUDA/ROCm, compilers, BLAS threads), the
+# caches it reads, the locale and terminal, and the harness's own AUTORESEARCH_* settings. Anything else (cloud
+# credentials, tokens, proxies with passwords, the user's own variables) stays out of train.py's process.
+ALLOWED_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "HOSTNAME",
+                 "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "CC", "CXX", "MPLCONFIGDIR", "TOKENIZERS_PARALLELISM",
+                 "NO_COLOR", "COLUMNS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+                 "HF_HOME", "SYSTEMROOT"}
+ALLOWED_PREFIXES = ("AUTORESEARCH_", "PYTHON", "UV_", "LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_",
+                    "PYTORCH_", "TORCH", "TRITON_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "ROCM_", "HIP_", "HSA_",
+                    "ROCR_", "DYLD_", "HF_HUB_", "HF_DATASETS_", "TRANSFORMERS_")
+# A name is a secret when one of its _-separated words is one of these (HF_TOKEN, WANDB_API_TOKEN,
+# AWS_SECRET_ACCESS_KEY, DB_PASSWORD, GITHUB_PAT), whatever the allow-list says; TOKENIZERS_PARALLELISM is not.
+SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIAL", "CREDENTIALS",
+                "AUTH", "COOKIE"}
 
 
 def is_secret_name(name):
-    """Environment variables that hold API keys: never passed to train.py, redacted from every record."""
-    return name.endswith("_API_KEY") or name in ("ANTHROPIC_AUTH_TOKEN", "OPENAI_ADMIN_KEY")
+    """True for an environment variable that holds a credential: never passed to a run, redacted from every record."""
+    return any(word in SECRET_WORDS for word in re.split(r"[_\W]+", name.upper()))
 
 
 def clean_env():
-    """os.environ without the secrets: the environment a training or prepare.py subprocess gets."""
-    return {k: v for k, v in os.environ.items() if not is_secret_name(k)}
+    """The environment a training or prepare.py subprocess gets: the allow-listed variables of os.environ, minus
+    every secret-looking name."""
+    return {k: v for k, v in os.environ.items()
+            if (k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not is_secret_name(k)}
 
 
 def redact(text):
-    """Replace the value of every API-key variable in the environment by [redacted]."""
+    """Replace the value of every secret-named variable in the environment (8+ characters) by [redacted]."""
     for name, value in os.environ.items():
         if is_secret_name(name) and len(value) >= 8:
             text = text.replace(value, "[redacted]")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness.redact import clean_env
+from harness.redact import clean_env, redact
 
 KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
 LOG_TAIL_LINES = 60             # lines of the log sent back to the LLM and kept in the event after a crash
@@ -101,7 +101,8 @@ def run(spec):
         evaluate(spec, outcome)
     if outcome.metric is not None:
         outcome.memory_gb = memory_gb
-    outcome.log_tail = "\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:])
+    # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
+    outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
 
 
@@ -276,9 +277,10 @@ def kill_stale_run(pgid, cwd):
 
 def read_metric(summary, name):
     """(metric, memory_gb, "") from a parsed summary, or (None, memory_gb, reason) when the metric is missing, not
-    a number, NaN or infinite. memory_gb = peak_vram_mb / 1024, 0.0 when absent."""
+    a number, NaN or infinite. memory_gb = peak_vram_mb / 1024 (GPU memory), or on a device without its own memory
+    (CPU; peak_vram_mb 0 or absent) peak_rss_mb / 1024, the process's peak resident memory; 0.0 when neither."""
     try:
-        memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
+        memory_gb = (float(summary.get("peak_vram_mb", 0.0)) or float(summary.get("peak_rss_mb", 0.0))) / 1024
     except ValueError:
         memory_gb = 0.0
     if not (math.isfinite(memory_gb) and memory_gb >= 0):   # a self-reported number: never nan in the records

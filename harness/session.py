@@ -54,6 +54,7 @@ class Session:
     home: Path = None                   # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
     evaluation: dict = None             # {"digest", "tolerance", "evaluator_only"}; None: train.py's own number
     frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
+    smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
     wrap: object = None                 # argv -> sandboxed argv (identity without the sandbox)
     sandbox_env: dict = dataclasses.field(default_factory=dict)
     proposer: object = None             # harness.proposers.Proposer
@@ -213,7 +214,8 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
                   metric=outcome.metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
                   wall_seconds=round(time.monotonic() - t0, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
-                  cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes)
+                  cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
+                  budget_s=s.budget, smoke=s.smoke)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
     s.history.append(event)
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
@@ -241,13 +243,15 @@ def open_session(args):
     repo = gitops.open_repo(target)
     branch = f"autoresearch/{args.tag}"
     events_path = target / ledger.EVENTS
-    ledger.end_with_newline(events_path)
+    torn = [("events.jsonl", ledger.repair_last_line(events_path, ledger.is_event))]
     all_events = ledger.read_events(events_path)
+    torn.append(("results.tsv", ledger.repair_results(target / ledger.RESULTS, all_events)))
     state = ledger.tag_state(all_events, args.tag)
     history, kept = state.history, state.kept
     s = Session(args=args, target=target, repo=repo, branch=branch, train_rel=gitops.repo_rel(repo, target / "train.py"),
                 frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
+                smoke=budget != float(constants["TIME_BUDGET"]),
                 timeout=args.timeout or default_timeout(budget), best_commit="",
                 best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
@@ -256,6 +260,19 @@ def open_session(args):
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
     if state.stale_run is not None:
         runner.kill_stale_run(state.stale_run["pgid"], state.stale_run.get("cwd") or target)
+    for name, fragment in torn:
+        if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
+            s.log("torn_line", file=name, fragment=fragment)
+            console.say(f"{name}: removed a line cut mid-write ({fragment[:60]!r}); it is kept in {ledger.EVENTS}")
+
+    # 0. results.tsv holds agent.py's rows only: rows no event accounts for are never silently started over
+    _, strays = ledger.rows_by_tag(target / ledger.RESULTS, all_events)
+    if strays:
+        raise SetupError(f"{ledger.RESULTS} holds {len(strays)} row(s) that {ledger.EVENTS} does not account for "
+                         f"(the first: {strays[0][:80]!r}): written by hand, by an agent following program.md's manual "
+                         f"loop, or by an older agent.py. agent.py will not mix them with its own experiments or start "
+                         f"tag {args.tag!r} over them. Move them aside, e.g. `mv {ledger.RESULTS} results.manual.tsv` "
+                         f"(report.py reads that file too), then rerun")
 
     # 1. the user's checkout: the target's code must be committed; the ratchet branch must not be checked out
     dirty = [rel for rel in gitops.changed_files(repo) if rel in [s.train_rel, *s.frozen_rels]]
@@ -304,6 +321,11 @@ def open_session(args):
         ledger.ensure_results_header(target / ledger.RESULTS, s.metric)
     except ValueError as e:
         raise SetupError(str(e)) from None
+    #    one tag per results.tsv (karpathy's contract, which his analysis notebook assumes): earlier tags move out
+    for path, n in ledger.keep_one_tag(target / ledger.RESULTS, all_events, args.tag, s.metric).items():
+        gitops.ensure_ignored(repo, [path])
+        s.log("archived", file=path.name, rows=n)
+        console.say(f"{ledger.RESULTS}: moved {n} row(s) of an earlier tag to {path.name} (report.py reads it)")
     if history and ledger.missing_row(target / ledger.RESULTS, all_events, history[-1]):
         ledger.append_line(target / ledger.RESULTS, ledger.results_row(history[-1]))
         s.log("row_restored", n=history[-1]["n"])

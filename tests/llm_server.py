@@ -22,9 +22,11 @@ INPUT_TOKENS, OUTPUT_TOKENS = 1000, 100      # usage reported for every answer
 class ScriptedLLM:
     """Scripted answers over real HTTP. `delay` seconds are slept before each answer (simulated latency)."""
 
-    def __init__(self, script, delay=0.0):
+    def __init__(self, script, delay=0.0, ping=None):
         self.script = list(script)
         self.delay = delay
+        self.ping = ping                     # None: answer agent.py's 1-token check with "OK"; an int: that HTTP status
+        self.pings = []                      # the checks, apart from the scripted requests
         self.requests = []                   # (path, parsed JSON body, headers)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -51,6 +53,9 @@ class ScriptedLLM:
 
     def _next(self, path, body, headers):
         with self.lock:
+            if body.get("max_tokens") == 1 or body.get("max_completion_tokens") == 1:   # Proposer.check
+                self.pings.append((path, body, headers))
+                return self.ping if self.ping is not None else "OK"
             self.requests.append((path, body, headers))
             return self.script.pop(0) if self.script else None
 
