@@ -35,7 +35,6 @@ from harness.gitops import file_at, lock_repo, make_candidate_ref, open_repo
 from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word,
                              program_brief)
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
-from harness.redact import redact
 from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, open_session, record,
                              train_candidate)
@@ -208,8 +207,9 @@ def parse_args(argv):
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
                    f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
     args = p.parse_args(argv)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag) or ".." in args.tag or args.tag.endswith(".lock"):
-        p.error(f"--tag {args.tag!r}: use letters, digits, '.', '_' and '-' (e.g. nov30)")
+    if (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.tag) or ".." in args.tag
+            or args.tag.endswith(".lock")):
+        p.error(f"--tag {args.tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
     for name in ("max_experiments", "hours", "max_cost_usd", "timeout"):
         value = getattr(args, name)
         if value is not None and value < 0 or name == "timeout" and value == 0:
@@ -265,6 +265,7 @@ def main(argv=None):
             console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, "
                         f"proposer {args.proposer}{' ' + args.model if s.proposer.is_llm else ''}, budget "
                         f"{s.budget:g}s, timeout {s.timeout:g}s")
+            s.status(s.next_n, f"checking {args.proposer} {args.model or ''} with a 1-token request")
             proposer.check()                    # a refused key or unknown model stops here, before the baseline
             reason = research_loop(s)
             s.log("stop", reason=reason)
@@ -272,11 +273,11 @@ def main(argv=None):
                         f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
             return 0
     except SetupError as e:
-        print(f"agent.py: error: {redact(str(e))}", file=sys.stderr)
+        console.error(f"agent.py: error: {e}")
         return 2
     except Stop as e:
         log_stop(s, "error", str(e))
-        print(f"agent.py: stopped: {redact(str(e))}", file=sys.stderr)
+        console.error(f"agent.py: stopped: {e}")
         return 1
     except KeyboardInterrupt:
         log_stop(s, "interrupted", "interrupted")

@@ -1,12 +1,24 @@
 """
-HARNESS: what the user sees in the terminal: one live status line (terminals only) and printed lines, both with
-secrets redacted. Writes to stdout only; never to a file.
+HARNESS: what the user sees in the terminal: one live status line (terminals only), printed lines and error
+messages, all with secrets redacted and control characters shown as escapes. Writes to stdout and stderr only;
+never to a file.
 """
 
 import shutil
 import sys
 
 from harness.redact import redact
+
+
+def shown(text):
+    """text as it may reach a terminal: secrets redacted, and control characters other than newline and tab written
+    as escapes (\\x1b), so that an LLM endpoint's error body or a run's log cannot retitle, clear or drive it."""
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode() for c in redact(text))
+
+
+def error(message):
+    """Print a line to stderr (agent.py's final error or stop message)."""
+    print(shown(message), file=sys.stderr, flush=True)
 
 
 def fmt_duration(seconds):
@@ -21,7 +33,7 @@ def status(line):
     if not sys.stdout.isatty():
         return
     width = shutil.get_terminal_size((120, 20)).columns
-    sys.stdout.write("\r\x1b[2K" + redact(line)[:width - 1])
+    sys.stdout.write("\r\x1b[2K" + shown(line)[:width - 1])
     sys.stdout.flush()
 
 
@@ -29,4 +41,4 @@ def say(message):
     """Print a line (clearing the status line on a terminal)."""
     if sys.stdout.isatty():
         sys.stdout.write("\r\x1b[2K")
-    print(redact(message), flush=True)
+    print(shown(message), flush=True)

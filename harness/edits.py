@@ -63,4 +63,5 @@ def clean_description(text):
     terminal. Control characters (NUL, which git refuses; ESC and BEL, which drive terminals; C1 codes) become
     spaces, and runs of whitespace (tabs, newlines) one space."""
     text = "".join(c if c.isprintable() else " " for c in text)
-    return " ".join(text.split())[:200]
+    text = re.sub(r"^\[budget [^\]]*\]\s*", "", " ".join(text.split()))   # that label is the harness's (smoke runs)
+    return text[:200]

@@ -24,10 +24,9 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 from pathlib import Path
 
-from harness.redact import redact
+from harness.redact import redact_all
 
 RESULTS, EVENTS = "results.tsv", "events.jsonl"
 STATUSES = ("keep", "discard", "crash")
@@ -64,7 +63,7 @@ def log_event(path, tag, event, **fields):
     """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
     Returns the record (unredacted dict)."""
     record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": event, "tag": tag, **fields}
-    append_line(path, redact(json.dumps(record)))
+    append_line(path, json.dumps(redact_all(record)))
     return record
 
 
@@ -72,29 +71,35 @@ def repair_last_line(path, complete):
     """Deal with a last line that has no final newline (a kill or power loss during an append). If complete(line)
     says it is whole (say, a row an editor saved without a newline) it gets its newline; otherwise it is a torn
     fragment and is cut off, so the next append does not continue it: a results.tsv row is re-derived from its
-    event (missing_row) and a cut event was never complete. Returns the fragment cut off ("" if none), for the
-    caller to log, so nothing is lost without a trace."""
+    event (missing_row) and a cut event was never complete. complete gets the line's bytes (a cut can split a UTF-8
+    character). Returns the fragment cut off ("" if none), for the caller to log, so nothing is lost without a trace."""
     path = Path(path)
     data = path.read_bytes() if path.is_file() else b""
     if not data or data.endswith(b"\n"):
         return ""
     cut = data.rfind(b"\n") + 1
-    fragment = data[cut:].decode("utf-8", errors="replace")
-    if complete(fragment):
+    if complete(data[cut:]):
         append_line(path, "")
         return ""
     with open(path, "r+b") as f:
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
-    return fragment
+    return data[cut:].decode("utf-8", errors="replace")
 
 
 def repair_results(path, all_events):
-    """repair_last_line for results.tsv: a last line is whole when it is a 5-cell row and not a strict prefix of a
-    row that an "experiment" event produced (which is what an append cut by a kill looks like)."""
-    made = {results_row(e) for e in all_events if e.get("event") == "experiment"}
-    return repair_last_line(path, lambda line: is_row(line) and not any(r != line and r.startswith(line) for r in made))
+    """repair_last_line for a results file: a last line is whole when it is valid UTF-8, a 5-cell row, and not a
+    strict prefix of a row that an "experiment" event produced (which is what an append cut by a kill looks like)."""
+    made = [row.encode() for row in (row_of(e) for e in all_events if e.get("event") == "experiment") if row]
+
+    def complete(data):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return is_row(line) and not any(row != data and row.startswith(data) for row in made)
+    return repair_last_line(path, complete)
 
 
 def is_row(line):
@@ -109,11 +114,11 @@ def is_row(line):
     return True
 
 
-def is_event(line):
-    """A whole events.jsonl line: one JSON object."""
+def is_event(data):
+    """A whole events.jsonl line (bytes): one JSON object."""
     try:
-        return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
+        return isinstance(json.loads(data.decode("utf-8")), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return False
 
 
@@ -129,61 +134,92 @@ def ensure_results_header(path, metric):
                          "metric; move it away or use the right --target")
 
 
+def row_of(event):
+    """results_row(event), or None for an event too malformed to have produced a row (fields missing or wrong)."""
+    try:
+        return results_row(event)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_rows(path):
+    """The row lines of a results file (header, blank and malformed lines left out); [] if there is none. Bytes that
+    are not UTF-8 are replaced, so a damaged line is just a line that matches nothing."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[1:] if path.is_file() else []
+    return [line for line in lines if is_row(line)]
+
+
 def rows_by_tag(results_path, all_events):
     """results.tsv's rows grouped by the tag whose "experiment" event wrote them: ({tag: [row text]}, [rows no event
-    accounts for]), in file order; lines that are not rows are left out. Rows and events are appended in the same order, so each row takes the earliest unused event
-    that produces exactly its text (two tags can share a baseline row)."""
-    lines = results_path.read_text(encoding="utf-8").splitlines()[1:] if results_path.exists() else []
-    unused = [(results_row(e), str(e.get("tag"))) for e in all_events if e.get("event") == "experiment"]
-    by_tag, strays = {}, []
-    for line in lines:
-        if not is_row(line):    # blank or malformed: load_results reports those
-            continue
-        i = next((i for i, (row, _) in enumerate(unused) if row == line), None)
-        if i is None:
-            strays.append(line)
-            continue
-        by_tag.setdefault(unused.pop(i)[1], []).append(line)
-    return by_tag, strays
+    accounts for]), each in file order. Rows are appended right after their events and only ever removed (moved to
+    another tag's file), so the rows are an ordered subsequence of the events: matched from the end, each row takes
+    the latest event before the one its successor took that produces exactly its text. Tags started from one commit
+    share the baseline row's text; the order tells them apart."""
+    events = [(row_of(e), str(e.get("tag"))) for e in all_events if e.get("event") == "experiment"]
+    lines = read_rows(results_path)
+    tags, j = [None] * len(lines), len(events)
+    for i in reversed(range(len(lines))):
+        k = next((k for k in range(j - 1, -1, -1) if events[k][0] == lines[i]), None)
+        if k is not None:
+            tags[i], j = events[k][1], k
+    by_tag = {}
+    for line, tag in zip(lines, tags):
+        if tag is not None:
+            by_tag.setdefault(tag, []).append(line)
+    return by_tag, [line for line, tag in zip(lines, tags) if tag is None]
 
 
 def archive_path(results_path, tag):
-    """Where a finished tag's rows go when another tag starts: results.<tag>.tsv beside results.tsv."""
-    return results_path.with_name(f"results.{re.sub(r'[^A-Za-z0-9._-]', '_', tag)}.tsv")
+    """Where a tag's rows go while another tag runs: results.<tag>.tsv beside results.tsv."""
+    return results_path.with_name(f"results.{tag}.tsv")
 
 
 def keep_one_tag(results_path, all_events, tag, metric):
-    """karpathy's contract: results.tsv holds one run. Move the rows of every other tag to archive_path (appended
-    when it exists; written and fsynced before results.tsv is replaced, so a kill loses nothing) and leave results.tsv
-    with the header and `tag`'s rows. Returns {archive path: rows moved}. Rows no event accounts for must have been
-    refused before (rows_by_tag)."""
+    """karpathy's contract: results.tsv holds one run. Move the rows of every other tag to archive_path, and bring
+    back `tag`'s own rows if an earlier switch moved them there; results.tsv then holds the header and `tag`'s rows.
+    Idempotent, so a kill at any point is finished by the next start: a row already in its archive is not appended
+    again, a line cut mid-append is repaired first, results.tsv is replaced atomically (after the archives are on
+    disk) and an archive is removed only once all its rows are back in results.tsv. Returns {path: rows moved}.
+    Rows no event accounts for must have been refused before (rows_by_tag)."""
     by_tag, _ = rows_by_tag(results_path, all_events)
+    mine = by_tag.get(tag, [])
+    own = archive_path(results_path, tag)
+    back = [row for row in read_rows(own) if row not in mine]
     moved = {}
     for other, rows in by_tag.items():
         if other == tag:
             continue
         path = archive_path(results_path, other)
-        if not path.exists() or not path.read_text(encoding="utf-8").strip():
+        repair_results(path, all_events)
+        present = set(read_rows(path))
+        if not present and not (path.is_file() and path.read_text(encoding="utf-8", errors="replace").strip()):
             append_line(path, results_header(metric))
         for row in rows:
-            append_line(path, row)
+            if row not in present:
+                append_line(path, row)
         moved[path] = len(rows)
+    if back:
+        moved[results_path] = len(back)
     if moved:
         staged = results_path.with_name(results_path.name + ".new")
-        staged.write_text("".join(line + "\n" for line in [results_header(metric), *by_tag.get(tag, [])]),
-                          encoding="utf-8")
-        with open(staged, "rb") as f:
+        with open(staged, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in [results_header(metric), *back, *mine]))
+            f.flush()
             os.fsync(f.fileno())
         os.replace(staged, results_path)
+    if own.is_file() and set(read_rows(own)) <= set(read_rows(results_path)):
+        own.unlink()        # every row it held is in results.tsv again
     return moved
 
 
 def missing_row(results_path, all_events, event):
     """True if `event`'s row is missing from results.tsv. Events are written before rows, so each row text
-    occurs at most as often as events (of any tag) that produce it; fewer means the last append was lost."""
+    occurs at most as often as this tag's events that produce it; fewer means the last append was lost."""
     row = results_row(event)
-    rows = results_path.read_text(encoding="utf-8").splitlines() if results_path.exists() else []
-    made = sum(1 for e in all_events if e.get("event") == "experiment" and results_row(e) == row)
+    rows = results_path.read_text(encoding="utf-8", errors="replace").splitlines() if results_path.exists() else []
+    made = sum(1 for e in all_events if e.get("event") == "experiment" and e.get("tag") == event.get("tag")
+               and row_of(e) == row)
     return rows.count(row) < made
 
 # ---------------------------------------------------------------------------

@@ -102,8 +102,9 @@ def make_proposer(args):
 def ask_anthropic(client, model, system, messages):
     """Anthropic Messages API. The system prompt (instructions + frozen files) is the stable prefix, marked for
     prompt caching; input_tokens counts uncached + cache-read + cache-write tokens."""
-    r = client.messages.create(model=model, max_tokens=MAX_OUTPUT_TOKENS, messages=messages,
-                               system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}])
+    r = anthropic_response(client.messages.create(
+        model=model, max_tokens=MAX_OUTPUT_TOKENS, messages=messages,
+        system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]))
     u = r.usage
     read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
     text = "".join(block.text for block in r.content if block.type == "text")
@@ -114,8 +115,8 @@ def ask_anthropic(client, model, system, messages):
 def ask_openai(client, model, system, messages):
     """OpenAI Chat Completions (also vLLM, ollama, DeepSeek, OpenRouter through --base-url). OpenAI caches long
     prefixes by itself; cached tokens are priced as such."""
-    r = client.chat.completions.create(model=model, max_completion_tokens=MAX_OUTPUT_TOKENS,
-                                       messages=[{"role": "system", "content": system}, *messages])
+    r = openai_response(client.chat.completions.create(model=model, max_completion_tokens=MAX_OUTPUT_TOKENS,
+                                                       messages=[{"role": "system", "content": system}, *messages]))
     u = r.usage
     prompt, completion = (u.prompt_tokens, u.completion_tokens) if u else (0, 0)
     details = getattr(u, "prompt_tokens_details", None)
@@ -127,15 +128,33 @@ def ask_openai(client, model, system, messages):
 PING = [{"role": "user", "content": "Reply with OK."}]   # Proposer.check's request, answered in one token
 
 
+class BadReply(Exception):
+    """An endpoint answered 200 with something that is not a Messages / Chat Completions response."""
+
+
+def anthropic_response(r):
+    """r if it has what a Messages response must have (a content list and usage), else BadReply."""
+    if not isinstance(getattr(r, "content", None), list) or getattr(r, "usage", None) is None:
+        raise BadReply(f"no content list or usage in {str(r)[:200]!r}")
+    return r
+
+
+def openai_response(r):
+    """r if it has what a Chat Completions response must have (at least one choice with a message), else BadReply."""
+    if not getattr(r, "choices", None) or getattr(r.choices[0], "message", None) is None:
+        raise BadReply(f"no choices in {str(r)[:200]!r}")
+    return r
+
+
 def ping_anthropic(client, model):
     """The smallest Messages request: proves the key, the model id and the endpoint. Returns an empty Reply."""
-    client.messages.create(model=model, max_tokens=1, messages=PING)
+    anthropic_response(client.messages.create(model=model, max_tokens=1, messages=PING))
     return Reply("")
 
 
 def ping_openai(client, model):
     """The smallest Chat Completions request: proves the key, the model id and the endpoint. Returns an empty Reply."""
-    client.chat.completions.create(model=model, max_completion_tokens=1, messages=PING)
+    openai_response(client.chat.completions.create(model=model, max_completion_tokens=1, messages=PING))
     return Reply("")
 
 
@@ -168,6 +187,10 @@ def call_with_retries(call, system, messages, args, on_retry=None):
             return reply
         except (anthropic.APIConnectionError, openai.APIConnectionError) as e:
             problem = f"{type(e).__name__}: {e}"
+        except BadReply as e:
+            where = args.base_url or f"the {args.proposer} API"
+            api = "an Anthropic Messages" if args.proposer == "anthropic" else "an OpenAI Chat Completions"
+            raise Stop(f"{where} answered, but not in {api} format ({e}): check --base-url and --proposer") from None
         except (anthropic.APIStatusError, openai.APIStatusError) as e:
             if e.status_code not in (408, 409, 425, 429) and e.status_code < 500:
                 raise Stop(fatal_llm_message(args, e)) from None

@@ -14,7 +14,7 @@ ALLOWED_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
                  "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "CC", "CXX", "MPLCONFIGDIR", "TOKENIZERS_PARALLELISM",
                  "NO_COLOR", "COLUMNS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
                  "HF_HOME", "SYSTEMROOT"}
-ALLOWED_PREFIXES = ("AUTORESEARCH_", "PYTHON", "UV_", "LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_",
+ALLOWED_PREFIXES = ("AUTORESEARCH_", "PYTHON", "LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_",
                     "PYTORCH_", "TORCH", "TRITON_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "ROCM_", "HIP_", "HSA_",
                     "ROCR_", "DYLD_", "HF_HUB_", "HF_DATASETS_", "TRANSFORMERS_")
 # A name is a secret when one of its _-separated words is one of these (HF_TOKEN, WANDB_API_TOKEN,
@@ -35,9 +35,27 @@ def clean_env():
             if (k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not is_secret_name(k)}
 
 
+# user:password@ in a URL (an index URL, a proxy, --base-url): the password part is redacted whatever the variable.
+URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@", re.I)
+
+
 def redact(text):
-    """Replace the value of every secret-named variable in the environment (8+ characters) by [redacted]."""
-    for name, value in os.environ.items():
-        if is_secret_name(name) and len(value) >= 8:
-            text = text.replace(value, "[redacted]")
-    return text
+    """Replace the value of every secret-named variable in the environment (8+ characters: shorter values are too
+    likely to be ordinary words) by [redacted], longest first so that one value inside another goes whole, and the
+    password of any user:password@ URL."""
+    values = sorted((v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 8), key=len, reverse=True)
+    for value in values:
+        text = text.replace(value, "[redacted]")
+    return URL_CREDENTIALS.sub(r"\1[redacted]@", text)
+
+
+def redact_all(obj):
+    """redact() applied to every string inside a JSON-like object (before it is serialised, so that escaping a
+    quote or a non-ASCII character in a secret cannot hide it)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: redact_all(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_all(v) for v in obj]
+    return obj

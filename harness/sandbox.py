@@ -27,6 +27,19 @@ PROTECTIONS = (
     "new terminal session: no TIOCSTI keystroke injection into the harness's terminal",
 )
 
+# Credential stores in the home directory, hidden from every sandboxed process: what train.py reads can come back
+# in its log tail, which goes to the LLM's fix prompt and the records. (Home itself stays readable: the Hugging Face
+# and torch caches are there.)
+CREDENTIALS = ("~/.netrc", "~/.git-credentials", "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.kube",
+               "~/.docker/config.json", "~/.config/gcloud", "~/.config/gh", "~/.cache/huggingface/token",
+               "~/.huggingface/token", "~/.kaggle", "~/.pypirc", "~/.npmrc", "~/.config/anthropic", "~/.config/openai")
+
+
+def credential_paths():
+    """The CREDENTIALS that exist here, expanded."""
+    return [p for p in (Path(c).expanduser() for c in CREDENTIALS) if p.exists()]
+
+
 # Where the GPU device nodes are looked for; a module constant so a test can point it at fake nodes.
 GPU_DEV_ROOT = Path("/dev")
 

@@ -28,6 +28,7 @@ from harness import console, gitops, guard, ledger, runner, sandbox
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
+from harness.redact import redact
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
 
 RUN_LOG = "run.log"
@@ -79,11 +80,12 @@ class Session:
 
     def hidden(self, evaluator=False):
         """What a sandboxed process must not see: the repository (working tree and git dir: history, results.tsv,
-        events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases, docker) and, for
-        train.py (not for the evaluator, which scores on them), the evaluator-only data files."""
+        events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases, docker), the
+        credential stores in your home (sandbox.CREDENTIALS) and, for train.py (not for the evaluator, which scores
+        on them), the evaluator-only data files."""
         evaluator_only = self.evaluation["evaluator_only"] if self.evaluation and not evaluator else []
         return [Path(self.repo.working_tree_dir), gitops.git_dir(self.repo), Path("/run"),
-                *map(Path, evaluator_only)]
+                *sandbox.credential_paths(), *map(Path, evaluator_only)]
 
     def exposed(self):
         """What it may read although it lies in a hidden place (e.g. under /tmp, which the sandbox replaces): the
@@ -209,6 +211,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
     derived from it, then print one line."""
     if outcome.reason:
         description = clean_description(f"{description} ({outcome.reason})")
+    description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     tokens_in, tokens_out, cost, llm = (now - before for now, before in zip(s.spent(), spent0))
     event = s.log("experiment", n=n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=outcome.metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
@@ -265,13 +268,21 @@ def open_session(args):
             s.log("torn_line", file=name, fragment=fragment)
             console.say(f"{name}: removed a line cut mid-write ({fragment[:60]!r}); it is kept in {ledger.EVENTS}")
 
-    # 0. results.tsv holds agent.py's rows only: rows no event accounts for are never silently started over
+    # 0. one budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones
+    started = next((e.get("budget_s") for e in history if e.get("budget_s") is not None), budget)
+    if started != budget:
+        raise SetupError(f"tag {args.tag!r} was measured with a {started:g} s budget and this run has {budget:g} s: "
+                         f"its numbers would not be comparable. Use the same budget (AUTORESEARCH_TIME_BUDGET) to "
+                         f"resume it, or start a new --tag")
+    (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
+
+    #    results.tsv holds agent.py's rows only: rows no event accounts for are never silently started over
     _, strays = ledger.rows_by_tag(target / ledger.RESULTS, all_events)
     if strays:
         raise SetupError(f"{ledger.RESULTS} holds {len(strays)} row(s) that {ledger.EVENTS} does not account for "
                          f"(the first: {strays[0][:80]!r}): written by hand, by an agent following program.md's manual "
                          f"loop, or by an older agent.py. agent.py will not mix them with its own experiments or start "
-                         f"tag {args.tag!r} over them. Move them aside, e.g. `mv {ledger.RESULTS} results.manual.tsv` "
+                         f"tag {args.tag!r} over them. Move them aside, e.g. `mv {ledger.RESULTS} by-hand-results.tsv` "
                          f"(report.py reads that file too), then rerun")
 
     # 1. the user's checkout: the target's code must be committed; the ratchet branch must not be checked out
@@ -323,9 +334,13 @@ def open_session(args):
         raise SetupError(str(e)) from None
     #    one tag per results.tsv (karpathy's contract, which his analysis notebook assumes): earlier tags move out
     for path, n in ledger.keep_one_tag(target / ledger.RESULTS, all_events, args.tag, s.metric).items():
+        if path.name == ledger.RESULTS:
+            s.log("unarchived", file=ledger.archive_path(path, args.tag).name, rows=n)
+            console.say(f"{ledger.RESULTS}: brought back {n} row(s) of tag {args.tag} from its own file")
+            continue
         gitops.ensure_ignored(repo, [path])
         s.log("archived", file=path.name, rows=n)
-        console.say(f"{ledger.RESULTS}: moved {n} row(s) of an earlier tag to {path.name} (report.py reads it)")
+        console.say(f"{ledger.RESULTS}: moved {n} row(s) of another tag to {path.name} (report.py reads it)")
     if history and ledger.missing_row(target / ledger.RESULTS, all_events, history[-1]):
         ledger.append_line(target / ledger.RESULTS, ledger.results_row(history[-1]))
         s.log("row_restored", n=history[-1]["n"])

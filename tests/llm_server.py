@@ -25,7 +25,7 @@ class ScriptedLLM:
     def __init__(self, script, delay=0.0, ping=None):
         self.script = list(script)
         self.delay = delay
-        self.ping = ping                     # None: answer agent.py's 1-token check with "OK"; an int: that HTTP status
+        self.ping = ping                     # None: answer agent.py's 1-token check with "OK"; else a script item
         self.pings = []                      # the checks, apart from the scripted requests
         self.requests = []                   # (path, parsed JSON body, headers)
         self.lock = threading.Lock()
@@ -75,6 +75,8 @@ class ScriptedLLM:
                     self._send(400, error_body(anthropic, 400, "script exhausted"))
                 elif isinstance(item, int):
                     self._send(item, error_body(anthropic, item, f"scripted status {item}"))
+                elif isinstance(item, dict):         # a 200 with exactly this body (a server of another kind)
+                    self._send(200, item)
                 elif anthropic:
                     self._send(200, {
                         "id": "msg_test", "type": "message", "role": "assistant", "model": body["model"],

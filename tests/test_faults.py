@@ -20,7 +20,7 @@ import pytest
 
 import report
 from agent_target import edit
-from harness import ledger, redact, runner
+from harness import console, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
 from test_agent import (AGENT, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, tree_is_clean,
@@ -101,23 +101,32 @@ def test_memory_on_a_cpu_is_the_peak_rss():
     assert runner.read_metric({"val_bpb": "1.5"}, "val_bpb") == (1.5, 0.0, "")
 
 
-def test_smoke_runs_are_labelled_and_reported_apart(target, monkeypatch, capsys):
+def test_smoke_runs_are_labelled_and_reported_apart(target, monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "2")       # the tiny target's TIME_BUDGET is 1
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
     assert all(row.split("\t")[4].startswith("[budget 2s] ") for row in rows(target))
     assert rows(target)[0].endswith("\tkeep\t[budget 2s] baseline")
     assert events(target, "experiment")[0]["description"] == "baseline"    # the label is the row's, not the idea's
     capsys.readouterr()
-    assert report.main([str(target / "results.tsv"), "--png", str(target / "p.png")]) == 0
+    assert report.main([str(target / "results.tsv"), "--png", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
     assert "smoke run: every row has a shortened budget ([budget 2s])" in out and "2 rows = baseline + 1" in out
-    # a full-budget run of the same file counts apart from the smoke rows
+    # the same tag at the full budget would rank full runs against smoke numbers: refused, nothing changed
     monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET")
-    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
-    assert not rows(target)[-1].split("\t")[4].startswith("[budget")
-    assert report.main([str(target / "results.tsv"), "--png", str(target / "p.png")]) == 0
+    before = (target / "results.tsv").read_text()
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 2
+    assert "was measured with a 2 s budget and this run has 1 s" in capsys.readouterr().err
+    assert (target / "results.tsv").read_text() == before
+    # an LLM cannot pass its idea off as a smoke row: the label is stripped from its description
+    assert clean_description("[budget 1s] huge win") == "huge win"
+    # a file holding both (written by hand or by an older version): the full rows are the run, smoke rows apart
+    smoke = (target / "results.tsv").read_text().splitlines()[1:]
+    (tmp_path / "mixed.tsv").write_text(ledger.results_header("val_bpb") + "\n" + "\n".join(
+        [*smoke, "ccccccc\t1.200000\t2.0\tkeep\tbaseline", "ddddddd\t1.100000\t2.0\tkeep\tlr"]) + "\n")
+    assert report.main([str(tmp_path / "mixed.tsv"), "--png", str(tmp_path / "q.png")]) == 0
     out = capsys.readouterr().out
-    assert "1 rows = baseline + 0" in out and "smoke rows   2 with a shortened budget" in out
+    assert "2 rows = baseline + 1: 2 keep" in out and "baseline     1.200000" in out
+    assert "smoke rows   2 with a shortened budget" in out
 
 
 def test_one_tag_per_results_tsv_earlier_tags_archived_and_reported(target, tmp_path, capsys):
@@ -171,7 +180,7 @@ def test_rows_no_event_accounts_for_are_refused_not_started_over(target, capsys)
     (target / "results.tsv").write_text(hand)
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 2
     err = capsys.readouterr().err
-    assert "results.tsv holds 2 row(s) that events.jsonl does not account for" in err and "results.manual.tsv" in err
+    assert "results.tsv holds 2 row(s) that events.jsonl does not account for" in err and "by-hand-results.tsv" in err
     assert (target / "results.tsv").read_text() == hand and not (target / "events.jsonl").exists()
 
 
@@ -234,3 +243,109 @@ def test_a_bad_key_or_model_stops_before_the_baseline_trains(target, capsys, pro
     assert len(llm.pings) == 1 and llm.requests == []
     assert hint in capsys.readouterr().err
     assert events(target, "run") == [] and rows(target) == []      # nothing trained, nothing recorded
+
+
+def test_three_tags_and_a_return_keep_every_row_with_its_tag_once(target, tmp_path):
+    """Baselines of tags started from one commit have the same row text: the order of rows and events tells them
+    apart, and a tag resumed after another brings its own rows back."""
+    for tag, n in (("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")):
+        assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", n, "--tag", tag) == 0
+    by_tag = {}
+    for e in events(target, "experiment"):
+        by_tag.setdefault(e["tag"], []).append(ledger.results_row(e))
+    assert len(by_tag["a"]) == 3 and len(by_tag["b"]) == 2 and len(by_tag["c"]) == 2
+    header = ledger.results_header("val_bpb")
+    assert rows(target) == by_tag["c"]
+    for tag in ("a", "b"):
+        assert (target / f"results.{tag}.tsv").read_text().splitlines() == [header, *by_tag[tag]], tag
+    assert not (target / "results.c.tsv").exists() and not (target / "results.tsv.new").exists()
+
+
+def test_moving_rows_aside_is_finished_not_repeated_after_a_kill(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1", "--tag", "a") == 0
+    all_events = ledger.read_events(target / "events.jsonl")
+    a_rows = rows(target)
+    archive = target / "results.a.tsv"
+    # killed after writing the archive, before results.tsv was replaced; and mid-append of its last row
+    archive.write_text(ledger.results_header("val_bpb") + "\n" + a_rows[0] + "\n" + a_rows[1][:-7])
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1", "--tag", "b") == 0
+    assert archive.read_text().splitlines() == [ledger.results_header("val_bpb"), *a_rows]
+    assert len(rows(target)) == 2 and all(row not in a_rows[1:] for row in rows(target))
+    assert ledger.keep_one_tag(target / "results.tsv", ledger.read_events(target / "events.jsonl"), "b",
+                               "val_bpb") == {}          # nothing left to move: a second call changes nothing
+    assert len(all_events) < len(ledger.read_events(target / "events.jsonl"))
+
+
+def test_a_row_cut_inside_a_utf8_character_is_repaired(target):
+    utf8 = edit("raise LR to 0.05 — café 日本語", "LR = 0.04", "LR = 0.05")
+    with ScriptedLLM([utf8]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    path = target / "results.tsv"
+    complete = path.read_bytes()
+    path.write_bytes(complete[:complete.rindex("\u65e5".encode()) + 1])     # one byte of a 3-byte character
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    assert path.read_bytes() == complete
+    assert events(target, "torn_line")[0]["file"] == "results.tsv"
+
+
+def test_malformed_events_do_not_crash_the_restart_or_the_report(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
+    with open(target / "events.jsonl", "a") as f:
+        f.write('{"event": "experiment", "tag": "zz"}\n{"event": "experiment", "tag": "zz", "commit": "x", '
+                '"metric": null, "memory_gb": 1, "status": "keep", "description": "d"}\n')
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
+    assert len(rows(target)) == 3
+    assert report.main([str(target / "results.tsv"), "--png", str(target / "p.png")]) == 0
+
+
+def test_redaction_catches_escaped_overlapping_and_url_secrets(monkeypatch, tmp_path):
+    monkeypatch.setenv("A_TOKEN", "overlap-123")
+    monkeypatch.setenv("B_TOKEN", "overlap-123-and-the-rest-of-b")
+    monkeypatch.setenv("DB_PASSWORD", 'pa"ss\\w0rd-99 ünïcode')
+    assert redact.redact("x overlap-123-and-the-rest-of-b y") == "x [redacted] y"
+    assert redact.redact("index https://me:s3cr3t@pypi.example/simple") == "index https://me:[redacted]@pypi.example/simple"
+    ledger.log_event(tmp_path / "events.jsonl", "t", "error", text='said pa"ss\\w0rd-99 ünïcode')
+    line = (tmp_path / "events.jsonl").read_text()
+    assert "[redacted]" in line and "w0rd-99" not in line
+    monkeypatch.setenv("UV_INDEX_URL", "https://me:s3cr3t@pypi.example/simple")
+    assert "UV_INDEX_URL" not in redact.clean_env()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".netrc").write_text("machine x login me password p\n")
+    (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
+    (tmp_path / ".cache" / "huggingface" / "token").write_text("hf_x\n")
+    assert sorted(sandbox.credential_paths()) == [tmp_path / ".cache" / "huggingface" / "token", tmp_path / ".netrc"]
+
+
+def test_a_secret_quoted_in_a_rejection_reason_is_redacted_in_every_record(target, monkeypatch, tmp_path, capsys):
+    """Without the sandbox train.py can read files (or agent.py's /proc environ); what it prints back is redacted."""
+    secret = "hf_abcdefghijklmnopqrst"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    (tmp_path / "token").write_text(secret)
+    budget_line = "print(f\"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}\")"
+    budget_line = budget_line.replace("{{", "{").replace("}}", "}")
+    liar = edit("report a stolen token", budget_line,
+                f"print('time_budget_s:    ' + open({str(tmp_path / 'token')!r}).read())")
+    with ScriptedLLM([liar, *NO_FIX]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1", "--sandbox", "off") == 0
+    crash = events(target, "experiment")[-1]
+    assert crash["status"] == "crash" and "[redacted]" in crash["description"], crash
+    for text in ((target / "results.tsv").read_text(), (target / "events.jsonl").read_text(),
+                 json.dumps(llm.requests), capsys.readouterr().out):
+        assert secret not in text
+
+
+def test_an_endpoint_of_another_kind_stops_with_a_message_not_a_traceback(target, capsys):
+    with ScriptedLLM([RAISE_LR], ping={}) as llm:                      # a 200 whose body is not a Messages response
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 1
+    err = capsys.readouterr().err
+    assert "answered, but not in an Anthropic Messages format" in err and "Traceback" not in err
+    with ScriptedLLM([{"id": "x", "object": "chat.completion", "choices": []}]) as llm:
+        assert run_agent(target, llm, "openai", "--max-experiments", "1", "--tag", "o") == 1
+    assert "answered, but not in an OpenAI Chat Completions format" in capsys.readouterr().err
+
+
+def test_escape_sequences_from_an_endpoint_never_reach_the_terminal(target, capsys):
+    with ScriptedLLM([RAISE_LR], ping=401) as llm:
+        llm.error_text = "\x1b]0;pwned\x07\x1b[2J YOUR KEY WAS REVOKED"
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 1
+    assert console.shown("a\x1b]0;t\x07b\n") == "a\\x1b]0;t\\x07b\n"
