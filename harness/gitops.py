@@ -104,6 +104,18 @@ def make_candidate_ref(repo, tag, n, commit):
     repo.git.update_ref(f"refs/autoresearch/{tag}/{n:04d}-{commit[:7]}", commit)
 
 
+def add_note(repo, commit, text):
+    """Attach text to commit as a git note on the default notes ref (refs/notes/commits), so that plain `git log` and
+    `git show` print it. Appended to a note already there (the same commit measured by two tags, or your own note),
+    and skipped when that note already holds text (a resume writes it again)."""
+    try:
+        existing = repo.git.notes("show", commit)
+    except git.GitCommandError:
+        existing = ""
+    if text not in existing:
+        repo.git.notes("append", "-m", text, commit)
+
+
 def git_blob_sha(data):
     """The sha git gives these bytes as a blob (`git hash-object`)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

@@ -218,7 +218,8 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
                   wall_seconds=round(time.monotonic() - t0, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
-                  budget_s=s.budget, smoke=s.smoke)
+                  budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric)
+    gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
     s.history.append(event)
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
@@ -229,6 +230,18 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
 # ---------------------------------------------------------------------------
 # Setup and resume
 # ---------------------------------------------------------------------------
+
+
+def note_text(event, metric):
+    """The git note of an experiment's commit, from its "experiment" event: what `git log` shows under the idea."""
+    value = f"{metric} {event['metric']:.6f}" if event["status"] != "crash" else "no metric"
+    base = event.get("base_metric")
+    delta = (f" ({event['metric'] - base:+.6f} vs its base {event['base'][:7]} at {base:.6f})"
+             if base is not None and event["status"] != "crash" and event["n"] > 0 else "")
+    fixes = f", {event['fixes']} fix(es)" if event.get("fixes") else ""
+    line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; 1 run{fixes}; "
+            f"memory {event['memory_gb']:.1f} GB; {event['wall_seconds']:.0f} s")
+    return line if event["status"] == "keep" else f"{line}\n{event['description']}"
 
 
 def open_session(args):
@@ -344,6 +357,8 @@ def open_session(args):
     if history and ledger.missing_row(target / ledger.RESULTS, all_events, history[-1]):
         ledger.append_line(target / ledger.RESULTS, ledger.results_row(history[-1]))
         s.log("row_restored", n=history[-1]["n"])
+    if history and history[-1].get("full_commit"):      # a kill between the event and its note (no-op if there)
+        gitops.add_note(repo, history[-1]["full_commit"], note_text(history[-1], s.metric))
     return s, constants
 
 

@@ -349,3 +349,23 @@ def test_escape_sequences_from_an_endpoint_never_reach_the_terminal(target, caps
         llm.error_text = "\x1b]0;pwned\x07\x1b[2J YOUR KEY WAS REVOKED"
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 1
     assert console.shown("a\x1b]0;t\x07b\n") == "a\\x1b]0;t\\x07b\n"
+
+
+def test_git_log_tells_the_story_through_notes(target):
+    with ScriptedLLM([RAISE_LR, edit("lower LR", "LR = 0.05", "LR = 0.03")]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    repo = git.Repo(target)
+    base, keep, discard = [e["full_commit"] for e in events(target, "experiment")]
+    assert repo.git.notes("show", keep).startswith(
+        f"autoresearch t #1: keep, val_bpb 1.008000 (-0.100000 vs its base {base[:7]} at 1.108000); 1 run; memory 2.0 GB;")
+    assert repo.git.notes("show", discard).startswith(
+        f"autoresearch t #2: discard, val_bpb 1.208000 (+0.200000 vs its base {keep[:7]} at 1.008000); 1 run;")
+    assert "autoresearch t #0: keep, val_bpb 1.108000; 1 run" in repo.git.notes("show", base)
+    log = repo.git.log("autoresearch/t")                     # plain git log shows them, no flags
+    assert "Notes:" in log and "autoresearch t #1: keep" in log
+    # a kill between the event and its note: the resume writes it, once
+    repo.git.notes("remove", discard)
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
+    assert repo.git.notes("show", discard).count("autoresearch t #2: discard") == 1
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
+    assert repo.git.notes("show", discard).count("autoresearch t #2: discard") == 1
