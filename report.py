@@ -25,8 +25,8 @@ from matplotlib.figure import Figure  # the object API needs no pyplot backend: 
 from matplotlib.ticker import MaxNLocator
 
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
-from harness.ledger import (STATUSES, Results, Row, experiment_events, load_results, read_events, rows_by_tag,  # noqa: F401
-                            select_tag)
+from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, experiment_events, load_results,  # noqa: F401
+                            read_events, rows_by_tag, select_tag)
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -348,8 +348,8 @@ def load_run(results=".", events=None, tag=None, goal=None):
 
 
 def is_smoke(row):
-    """A row of a run with a shortened budget: agent.py starts its description with "[budget 10s]"."""
-    return row.description.startswith("[budget ")
+    """A row of a run with a shortened budget: its description starts with the harness's smoke label."""
+    return SMOKE_LABEL.match(row.description) is not None
 
 
 def main(argv=None):

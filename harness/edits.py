@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from harness.ledger import SMOKE_LABEL
+
 BLOCK_RE = re.compile(r"^<{7} SEARCH[ \t]*\n(.*?)^={7}[ \t]*\n(.*?)^>{7} REPLACE[ \t]*$", re.S | re.M)
 
 
@@ -63,5 +65,4 @@ def clean_description(text):
     terminal. Control characters (NUL, which git refuses; ESC and BEL, which drive terminals; C1 codes) become
     spaces, and runs of whitespace (tabs, newlines) one space."""
     text = "".join(c if c.isprintable() else " " for c in text)
-    text = re.sub(r"^\[budget [^\]]*\]\s*", "", " ".join(text.split()))   # that label is the harness's (smoke runs)
-    return text[:200]
+    return SMOKE_LABEL.sub("", " ".join(text.split()))[:200]   # that label is the harness's (smoke runs)

@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 from pathlib import Path
 
 from harness.redact import redact_all
@@ -42,11 +43,20 @@ def results_header(metric):
     return f"commit\t{metric}\tmemory_gb\tstatus\tdescription"
 
 
+# A run with a shortened budget (AUTORESEARCH_TIME_BUDGET) is labelled at the start of its row's description, e.g.
+# "[budget 10s] baseline", so that it never passes for a full run. Only the harness writes it (see smoke_label).
+SMOKE_LABEL = re.compile(r"^\[budget [^\]]*\]\s*")
+
+
+def smoke_label(budget):
+    """The label of a smoke row: "[budget 10s] " for budget 10."""
+    return f"[budget {budget:g}s] "
+
+
 def results_row(event):
     """karpathy's 5 columns from an "experiment" event: 7-char commit, metric (6 decimals), memory_gb
-    (1 decimal), status, description. A run with a shortened budget (event smoke=True) is labelled in the
-    description, e.g. "[budget 10s] baseline", so it never passes for a full run."""
-    label = f"[budget {event['budget_s']:g}s] " if event.get("smoke") else ""
+    (1 decimal), status, description (with smoke_label first for an event with smoke=True)."""
+    label = smoke_label(event["budget_s"]) if event.get("smoke") else ""
     return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
             f"{label}{event['description']}")
 
