@@ -25,8 +25,8 @@ from matplotlib.figure import Figure  # the object API needs no pyplot backend: 
 from matplotlib.ticker import MaxNLocator
 
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
-from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, experiment_events, load_results,  # noqa: F401
-                            read_events, rows_by_tag, select_tag)
+from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
+                            load_results, read_events, rows_by_tag, select_tag)
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -317,15 +317,18 @@ def load_run(results=".", events=None, tag=None, goal=None):
 
     results: a results.tsv or a target folder holding one. events: an events.jsonl; None means the one next
     to results.tsv if it exists, used only when its experiments account for the rows. tag: keep only that run's
-    rows (needs the events file); None: the latest tag when the events name several. goal: "min"/"max";
+    rows (needs the events file; read from results.<tag>.tsv when its rows were moved there); None: the latest
+    tag when the events name several. goal: "min"/"max";
     None means METRIC_GOAL of prepare.py next to results.tsv, else guessed from the metric name.
     Raises FileNotFoundError / ValueError with a message naming the fix.
     """
     path = Path(results)
     path = path / "results.tsv" if path.is_dir() else path
-    loaded = load_results(path)
     events_path = Path(events) if events else path.parent / "events.jsonl"
+    if tag and path.name == "results.tsv" and archive_path(path, tag).is_file():
+        path = archive_path(path, tag)      # the tag's rows were moved aside when another tag started
     event_list = load_events(events_path) if events or events_path.is_file() else None
+    loaded = load_results(path)
     if tag and event_list is None:
         raise ValueError(f"--tag needs the events file to know which rows belong to a run, and {events_path} "
                          f"does not exist; pass it with --events")

@@ -6,6 +6,7 @@ never passes --no-verify, and knows nothing of the ledger.
 """
 
 import fcntl
+import os
 import tarfile
 import hashlib
 from pathlib import Path
@@ -36,9 +37,31 @@ def open_repo(target, committed=("prepare.py", "train.py")):
 
 def harden(repo):
     """The harness's git commands never run a program named in the repository's config for its own sake
-    (core.fsmonitor runs on every status and diff): a config line planted by a run must not run in the harness."""
-    repo.git.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.fsmonitor", GIT_CONFIG_VALUE_0="false")
+    (core.fsmonitor runs on every status and diff): a config line planted by a run must not run in the harness.
+    Your global git config is read from the copy global_config() took when this agent.py started, so that a hook
+    path or filter a run (without the sandbox) writes to ~/.gitconfig never runs in the harness's git either."""
+    repo.git.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.fsmonitor", GIT_CONFIG_VALUE_0="false",
+                                GIT_CONFIG_GLOBAL=str(global_config(repo)))
     return repo
+
+
+_global_copies = {}
+
+
+def global_config(repo):
+    """<git dir>/autoresearch/global.gitconfig: a copy of your global git config (the file $GIT_CONFIG_GLOBAL names,
+    else $XDG_CONFIG_HOME/git/config then ~/.gitconfig, as git reads them) taken once per agent.py process. The
+    guard checks it after every run."""
+    path = git_dir(repo).resolve() / "autoresearch" / "global.gitconfig"
+    if path not in _global_copies:
+        named = os.environ.get("GIT_CONFIG_GLOBAL")
+        xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "config"
+        sources = [Path(named)] if named else [xdg, Path.home() / ".gitconfig"]
+        text = "".join(p.read_text(errors="replace") + "\n" for p in sources if p.is_file())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        _global_copies[path] = text
+    return path
 
 
 def repo_rel(repo, path):

@@ -195,7 +195,7 @@ def keep_one_tag(results_path, all_events, tag, metric):
     by_tag, _ = rows_by_tag(results_path, all_events)
     mine = by_tag.get(tag, [])
     own = archive_path(results_path, tag)
-    back = [row for row in read_rows(own) if row not in mine]
+    back = [row for row in rows_by_tag(own, all_events)[0].get(tag, []) if row not in mine]   # rows its events made
     moved = {}
     for other, rows in by_tag.items():
         if other == tag:

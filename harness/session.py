@@ -154,8 +154,8 @@ def train_candidate(s, n, attempt, commit):
         s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout, cwd=str(run_dir),
               sandbox=s.args.sandbox if s.wrap is not None else "off")
         git_dir = gitops.git_dir(s.repo)                   # and what would make git run a program of the run's
-        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *(s.home / "frozen").rglob("*.py"),
-               git_dir / "config"]
+        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
+               *(s.home / "frozen").rglob("*.py"), git_dir / "config", gitops.global_config(s.repo)]
         snapshot.append(guard.take(s.repo, own, [git_dir / "hooks", git_dir / "info"]))
 
     evaluation = None
@@ -225,7 +225,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
     best = outcome.metric if status == "keep" else s.best_metric
     shown = f"{outcome.metric:.6f}" if outcome.metric is not None else "-"
-    console.say(f"#{n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {outcome.seconds:5.0f}s  {description}")
+    console.say(f"#{n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {event['wall_seconds']:5.0f}s  {description}")
 
 # ---------------------------------------------------------------------------
 # Setup and resume

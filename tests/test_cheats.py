@@ -18,7 +18,7 @@ import pytest
 
 from agent_target import edit
 from llm_server import ScriptedLLM
-from test_agent import baseline_row, events, rows, run_agent, sha
+from test_agent import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
 from harness import sandbox
 
@@ -245,3 +245,33 @@ def test_a_detached_daemon_dies_with_the_run_without_the_sandbox(target):
     time.sleep(2)                                     # the daemon would have written by now
     assert row[1:4] == ["1.208000", "2.0", "discard"]
     assert "forged" not in (target / "results.tsv").read_text()
+
+
+@pytest.mark.parametrize("mode", SANDBOXES)
+def test_an_earlier_tags_results_file_is_guarded_too(target, mode):
+    """results.<tag>.tsv holds a finished tag's rows (moved aside when another tag started): a run cannot edit it."""
+    archive = target / "results.old.tsv"
+    archive.write_text("commit\tval_bpb\tmemory_gb\tstatus\tdescription\nabc1234\t1.100000\t2.0\tkeep\tbaseline\n")
+    before = archive.read_text()
+    code = (f"try:\n    open({str(archive)!r}, 'a').write('abc1234\\t0.100000\\t2.0\\tkeep\\tforged\\n')\n"
+            f"except OSError as e:\n    print(e)")
+    row, _ = one(target, inject("forge an old row", code), mode)
+    assert archive.read_text() == before
+    if mode == "off":
+        assert row[3] == "crash" and "results.old.tsv" in row[4]
+
+
+def test_a_hook_planted_in_the_global_git_config_never_runs_in_the_harness(target, monkeypatch, tmp_path):
+    """Without the sandbox a run can write your ~/.gitconfig; the harness's git reads the copy taken at start."""
+    config = tmp_path / "global.gitconfig"
+    config.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    hooks, marker = tmp_path / "evil-hooks", tmp_path / "hook-ran"
+    hooks.mkdir()
+    (hooks / "post-commit").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (hooks / "post-commit").chmod(0o755)
+    plant = inject("plant a hook", f"open({str(config)!r}, 'a').write('[core]\\n\\thooksPath = {hooks}\\n')")
+    with ScriptedLLM([plant, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2", "--sandbox", "off") == 0
+    assert "hooksPath" in config.read_text()                 # the run did write it ...
+    assert len(events(target, "experiment")) == 3 and not marker.exists()   # ... and it never ran

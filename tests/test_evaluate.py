@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import prepare as P
 from test_train import parse_summary, run_train, train_definitions
@@ -198,6 +199,33 @@ def test_one_huge_logit_does_not_loosen_the_probe_elsewhere(cache):
     x = torch.randint(1, 320, (4, 64), generator=torch.Generator().manual_seed(0))
     with pytest.raises(P.CausalityError, match="not causal"):
         P.check_causality(Loud(320), x, 320)
+
+
+class LeaksUnderAHugeLogit(Bigram):
+    """A hostile tester's cheat: add `boost` to the true next token's logit, and -1e6 on a token that never occurs at
+    every position, which loosened a tolerance scaled by each position's largest |logit| to ~1000 everywhere."""
+
+    def __init__(self, vocab, boost):
+        super().__init__(vocab)
+        self.boost = boost
+
+    def forward(self, x):
+        logits = super().forward(x)
+        V = logits.size(-1)
+        following = F.pad(F.one_hot(x[:, 1:], V).to(logits.dtype), (0, 0, 0, 1))
+        return logits + self.boost * following - 1e6 * (torch.arange(V) == V - 1).to(logits.dtype)
+
+
+@pytest.mark.parametrize("boost", [30.0, 0.4, 0.05])
+def test_a_leak_under_a_huge_negative_logit_is_caught(cache, tmp_path, boost):
+    x = torch.randint(1, 319, (P.EVAL_BATCH_ROWS, 64), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(P.CausalityError, match="not causal"):
+        P.check_causality(LeaksUnderAHugeLogit(320, boost), x, 320)
+    # and through the separate evaluator, as agent.py runs it
+    P.export_model(LeaksUnderAHugeLogit(320, boost), tmp_path / "leak.pt2", cache)
+    with pytest.raises(P.CausalityError, match="not causal"):
+        P.evaluate_artifact(tmp_path / "leak.pt2", "cpu", cache)
+    P.check_causality(LeaksUnderAHugeLogit(320, 0.0), x, 320)     # the huge logit alone is no leak
 
 
 def test_a_graph_that_reads_or_writes_files_is_refused_before_it_runs(cache, tmp_path):

@@ -152,6 +152,10 @@ def test_one_tag_per_results_tsv_earlier_tags_archived_and_reported(target, tmp_
     assert report.main([str(target / "results.first.tsv"), "--png", str(tmp_path / "q.png")]) == 0
     out = capsys.readouterr().out
     assert "report of results.first.tsv tag first" in out and f"baseline     {first[0]['metric']:.6f}" in out
+    assert report.main([str(target / "results.tsv"), "--tag", "first", "--png", str(tmp_path / "r.png")]) == 0
+    out = capsys.readouterr().out                      # --tag finds the rows where they were moved
+    assert "report of results.first.tsv tag first" in out and "2 rows = baseline + 1" in out
+    assert f"baseline     {first[0]['metric']:.6f}" in out
 
 
 def test_report_of_a_file_holding_two_tags_reads_the_latest(tmp_path, capsys):
@@ -369,3 +373,14 @@ def test_git_log_tells_the_story_through_notes(target):
     assert repo.git.notes("show", discard).count("autoresearch t #2: discard") == 1
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
     assert repo.git.notes("show", discard).count("autoresearch t #2: discard") == 1
+
+
+def test_a_forged_row_in_a_tags_own_file_is_not_brought_back(target):
+    for tag in ("a", "b"):
+        assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1", "--tag", tag) == 0
+    archive = target / "results.a.tsv"
+    real = archive.read_text()
+    forged = real.splitlines()[1].split("\t")[0] + "\t0.100000\t2.0\tkeep\tforged\n"
+    archive.write_text(real + forged)                  # written by something other than agent.py
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1", "--tag", "a") == 0
+    assert rows(target) == real.splitlines()[1:] and archive.read_text() == real + forged   # kept apart, not lost
