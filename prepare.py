@@ -701,7 +701,7 @@ def check_causality(model, x, vocab_size, base=None, tol=CAUSALITY_TOL, generato
     future = torch.arange(T, device=x.device)[None, :] > cuts
     noise = torch.randint(1, vocab_size, x.shape, generator=generator).to(x.device)
     probe = _logits(model, torch.where(future, (x + noise) % vocab_size, x), vocab_size)
-    moved = (F.log_softmax(probe, -1).clamp(min=LOGPROB_FLOOR) - F.log_softmax(base, -1).clamp(min=LOGPROB_FLOOR))
+    moved = torch.log_softmax(probe, -1).clamp(min=LOGPROB_FLOOR) - torch.log_softmax(base, -1).clamp(min=LOGPROB_FLOOR)
     diff = (moved.abs().amax(-1) * ~future).amax().item()
     if not diff <= tol:
         raise CausalityError(f"the model is not causal: changing only later tokens changed the log-probabilities at "
