@@ -29,16 +29,16 @@ import time
 from pathlib import Path
 
 from harness import console, ledger
-from harness.edits import EditError, apply_answer
+from harness.edits import EditError, apply_answer, clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import file_at, lock_repo, make_candidate_ref, open_repo
 from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word,
                              program_brief)
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
 from harness.runner import become_subreaper
-from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, open_session, record,
-                             train_candidate)
-from harness.target import FROZEN, check_target, read_text, run_prepare
+from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, describe, duplicate_of,
+                             file_at_bytes, open_session, record, train_candidate)
+from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
 
 # ---------------------------------------------------------------------------
 # Settings (the rules of the loop)
@@ -142,7 +142,11 @@ def ask_for_edit(s, n, messages, train_src):
               input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
               cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3))
         try:
-            return *apply_answer(reply.text, train_src, FROZEN), attempt
+            description, source = apply_answer(reply.text, train_src, FROZEN)
+            if (earlier := duplicate_of(s, source)) is not None:
+                raise EditError(f"the resulting train.py is byte-identical to experiment {describe(earlier, s.metric)}, "
+                                "already measured: propose a different idea")
+            return description, source, attempt
         except EditError as e:
             s.log("repair", n=n, attempt=attempt, error=str(e), answer=reply.text[-4000:])
             messages = messages + [{"role": "assistant", "content": reply.text},
@@ -169,6 +173,132 @@ def run_with_fixes(s, n, description, commit):
     return outcome, MAX_FIXES
 
 # ---------------------------------------------------------------------------
+# One experiment for an external coding agent: `agent.py try` (program.md's loop)
+# ---------------------------------------------------------------------------
+
+
+def try_one(s):
+    """`agent.py try`: the checkout's train.py becomes one experiment with the loop's guarantees and rules (commit on
+    top of the best, hermetic sandboxed run with the timeout, separate evaluation, judge, event, row, note, branch),
+    then train.py in your checkout is the best commit's again. `--baseline` measures the branch start instead, and
+    `--fix` amends the last crashed candidate as the loop's fix step does. Returns the exit code (0: a verdict)."""
+    a, train_path = s.args, s.target / "train.py"
+    if a.sync:
+        return sync_checkout(s)
+    if a.baseline:
+        if s.history:
+            raise SetupError(f"tag {a.tag!r} already has its baseline ({describe(s.history[0], s.metric)}): edit "
+                             f"train.py and run `uv run agent.py try --tag {a.tag} -m \"<idea>\"`")
+        if train_path.read_bytes() != file_at_bytes(s, s.best_commit):
+            raise SetupError(f"train.py has uncommitted changes, but the baseline is the committed train.py at "
+                             f"{s.best_commit[:7]}: commit them first (then they are the baseline), or move them "
+                             "aside, e.g. `git stash`, then rerun")
+        run_baseline(s)
+        return verdict(s, s.history[-1], None)
+    if (s.synced or s.history[0]["full_commit"]) != s.best_commit \
+            and file_at_bytes(s, s.synced or s.history[0]["full_commit"]) != file_at_bytes(s, s.best_commit):
+        raise SetupError(f"the best commit of tag {a.tag!r} moved to {s.best_commit[:7]} (agent.py's loop kept "
+                         f"something) since train.py in your checkout was last set to the best, so your edit would undo "
+                         f"it. Run `uv run agent.py try --tag {a.tag} --sync` (it saves your train.py first and prints "
+                         "where), then make your edit again")
+    try:
+        source, idea = train_path.read_bytes().decode("utf-8"), clean_description(a.message)
+    except UnicodeDecodeError as e:
+        raise SetupError(f"train.py is not UTF-8 text ({e}): save it as UTF-8") from None
+    fix_of, fixes, crashed, message = None, 0, None, idea
+    if a.fix:                                   # the commit amends the crashed one, as the loop's fix step does
+        fix_of, fixes, crashed = fixable(s)
+        idea = s.history[fix_of].get("idea") or s.history[fix_of]["description"]
+        message = f"{idea}\n\nfix {fixes}: {message}"
+    elif source == best_source(s):
+        raise SetupError(f"train.py is the best commit's ({s.best_commit[:7]}) unchanged: edit it with one idea first")
+    if (earlier := duplicate_of(s, source)) is not None:
+        raise SetupError(f"this train.py is byte-identical to experiment {describe(earlier, s.metric)}, already "
+                         f"measured: try another idea (`git show {earlier['commit']}:{s.train_rel}` shows it)")
+    n, t0 = s.next_n, time.monotonic()
+    commit = commit_candidate(s, n, source, message, attempt=fixes, amend=crashed)
+    outcome = train_candidate(s, n, fixes, commit)
+    status = judge(s, outcome)
+    record(s, n, outcome, status, message.replace("\n\n", " (", 1) + ")" if a.fix else idea, t0, s.spent(),
+           repairs=0, fixes=fixes, fix_of=fix_of)
+    if status == "keep":
+        advance_branch(s, outcome.commit)
+        s.best_commit, s.best_metric = outcome.commit, outcome.metric
+    write_checkout(s)
+    return verdict(s, s.history[-1], outcome)
+
+
+def fixable(s):
+    """--fix: (n of the idea, number of this fix, sha of the crashed candidate to amend) when the last experiment
+    crashed and may get another fix (a timeout or a rejected run is a verdict, not a bug); SetupError otherwise."""
+    last = s.history[-1]
+    if last["status"] != "crash" or last["n"] == 0:
+        raise SetupError(f"--fix amends a crashed candidate, but the last experiment is {describe(last, s.metric)}; "
+                         "run a new idea without --fix")
+    if last.get("reason", "").startswith(("timeout", "rejected")):
+        raise SetupError(f"experiment {describe(last, s.metric)} timed out or was rejected: that is its verdict, not "
+                         "a bug to fix; run a new idea without --fix")
+    fix_of, fixes = last.get("fix_of"), last.get("fixes", 0)
+    fix_of = last["n"] if fix_of is None else fix_of
+    if fixes >= MAX_FIXES:
+        raise SetupError(f"experiment #{fix_of}'s idea crashed after {MAX_FIXES} fixes (the loop's limit too): give "
+                         "it up and try another idea")
+    return fix_of, fixes + 1, last["full_commit"]
+
+
+def write_checkout(s):
+    """Your checkout's train.py becomes the best commit's (its index and HEAD are untouched), and the "synced" event
+    records which commit that was, so the next `try` knows what an edit is based on."""
+    (s.target / "train.py").write_bytes(file_at_bytes(s, s.best_commit))
+    s.log("synced", commit=s.best_commit)
+    s.synced = s.best_commit
+
+
+def sync_checkout(s):
+    """--sync: save your checkout's train.py (when it is not already some measured commit's) beside the tag's logs,
+    then write the best commit's train.py there."""
+    current = (s.target / "train.py").read_bytes()
+    if duplicate_of(s, current.decode("utf-8", "replace")) is None:
+        saved = s.home / "saved" / f"train.py.{time.strftime('%Y%m%d-%H%M%S')}"
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_bytes(current)
+        console.say(f"your train.py was saved to {saved}")
+    write_checkout(s)
+    console.say(f"train.py is now the best commit's ({s.best_commit[:7]}, {s.metric} {s.best_metric:.6f}): edit it")
+    return 0
+
+
+def verdict(s, event, outcome):
+    """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
+    then the log tail after a crash). Returns 0."""
+    best = next(e for e in reversed(s.history) if e["status"] == "keep")
+    lines = [("experiment", event["n"]), ("status", event["status"]),
+             (s.metric, f"{event['metric']:.6f}" if event["status"] != "crash" else "- (crash)")]
+    if event["n"] > 0 and event["status"] != "crash":
+        lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
+                               f"({event['base_metric']:.6f})"))
+    lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
+              ("baseline", f"{s.history[0]['metric']:.6f}"),
+              ("commit", f"{event['commit']} ({event['description']})"),
+              ("branch", f"{s.branch} at {s.best_commit[:7]}"),
+              ("train.py", f"your checkout's train.py is the best's ({s.best_commit[:7]}): edit it for the next idea"),
+              ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
+              ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
+    if event["status"] == "crash" and outcome is not None:
+        lines.append(("reason", outcome.reason))
+        if not outcome.reason.startswith(("timeout", "rejected")) and event.get("fixes", 0) < MAX_FIXES:
+            lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "
+                          f"then `uv run agent.py try --tag {s.args.tag} --fix -m \"<what you fixed>\"` (fix "
+                          f"{event.get('fixes', 0) + 1} of at most {MAX_FIXES}); or give the idea up"))
+    print("---")
+    for key, value in lines:
+        print(console.shown(f"{key + ':':<13} {value}"))
+    print("---")
+    if event["status"] == "crash" and outcome is not None and outcome.log_tail:
+        print(console.shown(f"last lines of {RUN_LOG}:\n{outcome.log_tail}"))
+    return 0
+
+# ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
 
@@ -182,9 +312,6 @@ def parse_args(argv):
                     "events.jsonl. Rerun the same command to resume after a stop, Ctrl-C or crash.")
     p.add_argument("--tag", required=True, help="run name: work happens on branch autoresearch/<tag> (created from "
                    "HEAD, or resumed if it exists)")
-    p.add_argument("--target", default=str(Path(__file__).resolve().parent),
-                   help="directory holding program.md, the frozen prepare.py and train.py (default: the directory of "
-                   "agent.py, the repository root; e.g. grpo for the RL target)")
     p.add_argument("--proposer", choices=("anthropic", "openai", "random", "grid"),
                    help="who proposes edits. Default: anthropic if ANTHROPIC_API_KEY is set, else openai if "
                    "OPENAI_API_KEY is set (or --base-url is given); random/grid perturb train.py's UPPER_CASE "
@@ -198,18 +325,13 @@ def parse_args(argv):
     p.add_argument("--hours", type=float, help="stop before starting an experiment once this invocation has run "
                    "this long")
     p.add_argument("--max-cost-usd", type=float, help="stop once the tag's LLM spend reaches this many dollars")
-    p.add_argument("--timeout", type=float, help="hard limit per training run in seconds (default: 2 x TIME_BUDGET, "
-                   "at least TIME_BUDGET + 120); the whole process group is killed")
-    p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
-                   help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
-                   "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
+    add_common_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
                    f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
     args = p.parse_args(argv)
-    if (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.tag) or ".." in args.tag
-            or args.tag.endswith(".lock")):
-        p.error(f"--tag {args.tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
+    args.command = "loop"
+    check_tag(p, args.tag)
     for name in ("max_experiments", "hours", "max_cost_usd", "timeout"):
         value = getattr(args, name)
         if value is not None and value < 0 or name == "timeout" and value == 0:
@@ -229,49 +351,79 @@ def parse_args(argv):
 
 
 
+def parse_try_args(argv):
+    """`agent.py try`'s command line (see `agent.py try --help`). Exits 2 on bad flags."""
+    p = argparse.ArgumentParser(
+        prog="agent.py try",
+        description="One experiment for an external coding agent (Claude Code, Codex) following program.md: the "
+                    "train.py in your checkout becomes a candidate commit on autoresearch/<tag>, runs with every "
+                    "guarantee of agent.py's loop (hermetic sandboxed run, timeout, separate evaluation, the same "
+                    "verdict, a results.tsv row, events, a git note), the branch advances if it is kept, and your "
+                    "checkout's train.py becomes the best commit's. Prints a verdict block. Exit codes: 0 a verdict "
+                    "(keep, discard or crash: read `status:`), 1 stopped by a problem (message on stderr), 2 bad "
+                    "input or state (nothing was run), 130 interrupted (no result; your train.py as you left it).")
+    p.add_argument("--tag", required=True, help="run name: experiments go on branch autoresearch/<tag>")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("-m", "--message", help="the idea in one line (the commit subject and results.tsv description)")
+    what.add_argument("--baseline", action="store_true", help="the first run of a tag: measure the committed "
+                      "train.py unmodified (creates autoresearch/<tag> from HEAD)")
+    what.add_argument("--sync", action="store_true", help="write the best commit's train.py into your checkout "
+                      "(your current train.py is saved first, and where is printed)")
+    p.add_argument("--fix", action="store_true", help="with -m: your train.py fixes the last experiment, which "
+                   f"crashed; the crashed commit is amended (at most {MAX_FIXES} fixes per idea)")
+    add_common_flags(p)
+    args = p.parse_args(argv)
+    check_tag(p, args.tag)
+    if args.fix and args.message is None:
+        p.error("--fix needs -m \"<what you fixed>\"")
+    if args.message is not None and not clean_description(args.message):
+        p.error("-m: describe the idea in a few words")
+    args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
+    args.max_experiments = args.hours = args.max_cost_usd = None
+    return args
+
+
+def add_common_flags(p):
+    """The flags agent.py's loop and `agent.py try` share: the target, the timeout, the sandbox, the data source."""
+    p.add_argument("--target", default=str(Path(__file__).resolve().parent),
+                   help="directory holding program.md, the frozen prepare.py and train.py (default: the directory of "
+                   "agent.py, the repository root; e.g. grpo for the RL target)")
+    p.add_argument("--timeout", type=float, help="hard limit per training run in seconds (default: 2 x TIME_BUDGET, "
+                   "at least TIME_BUDGET + 120); the whole process group is killed")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
+                   help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
+                   "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
+    p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
+                   "(prepare.py --source PATH; offline) instead of the default download for this device")
+
+
+def check_tag(p, tag):
+    """A tag must make a valid, short branch name."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
+        p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
+
+
 def main(argv=None):
-    """Entry point. Exit codes: 0 clean stop at a limit, 1 stopped by a problem (message on stderr), 2 bad
-    input or state (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
-    args = parse_args(argv)
+    """Entry point: `agent.py --tag T ...` runs the loop, `agent.py try --tag T ...` one experiment (try_one). Exit
+    codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
+    (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_try_args(argv[1:]) if argv[:1] == ["try"] else parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
     become_subreaper()                      # a process a run detaches still ends with the run
     s = None
     try:
         target = Path(args.target).resolve()
         check_target(target)
-        proposer = make_proposer(args)                        # a missing key stops here, before any change
+        proposer = make_proposer(args) if args.command == "loop" else None   # a missing key stops here, unchanged
         with lock_repo(open_repo(target)):
-            ready = run_prepare(target, "--check", timeout=600)
+            ready = ensure_prepared(target, args.source)      # a fresh machine: prepared here, with progress
             s, constants = open_session(args)
             # a `profile: <name>` line from --check picks train.py's `if PROFILE == ...` branch for random/grid
             s.profile = (re.findall(r"^profile:\s*(\S+)\s*$", ready, re.M) or [None])[-1]
-            s.proposer = proposer
-            proposer.profile = s.profile
-            proposer.on_retry = lambda attempt, problem, delay: on_llm_retry(s, attempt, problem, delay)
-            s.recent_failures = collections.deque(maxlen=BREAKER[1])
-            s.system_prompt = SYSTEM_PROMPT.format(
-                budget=s.budget, metric=s.metric, goal=goal_word(s.goal),
-                frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
-            if constants["PREFLIGHT"]:
-                console.say("preflight: prepare.py --preflight ...")
-                run_prepare(target, "--preflight", timeout=s.timeout)
-            s.log("config", proposer=args.proposer, model=args.model, base_url=args.base_url, metric=s.metric,
-                  goal=s.goal, budget_s=s.budget, timeout_s=s.timeout, max_experiments=args.max_experiments,
-                  hours=args.hours, max_cost_usd=args.max_cost_usd)
-            if proposer.is_llm and args.max_cost_usd is not None and price_key(args.model) is None:
-                console.say(f"warning: --max-cost-usd {args.max_cost_usd:g} cannot stop this run: model {args.model!r} "
-                            f"is not in the price table (PRICES in harness/proposers.py), so its calls count as $0. "
-                            f"Add its prices there, or also set --max-experiments or --hours")
-            console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, "
-                        f"proposer {args.proposer}{' ' + args.model if s.proposer.is_llm else ''}, budget "
-                        f"{s.budget:g}s, timeout {s.timeout:g}s")
-            s.status(s.next_n, f"checking {args.proposer} {args.model or ''} with a 1-token request")
-            proposer.check()                    # a refused key or unknown model stops here, before the baseline
-            reason = research_loop(s)
-            s.log("stop", reason=reason)
-            console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
-                        f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
-            return 0
+            if args.command == "try":
+                return try_one(s)
+            return research_main(s, proposer, constants)
     except SetupError as e:
         console.error(f"agent.py: error: {e}")
         return 2
@@ -281,12 +433,45 @@ def main(argv=None):
         return 1
     except KeyboardInterrupt:
         log_stop(s, "interrupted", "interrupted")
-        print(f"\nagent.py: interrupted; {s.branch if s else 'the branch'} is at the best commit. Rerun the same "
-              "command to resume.",
-              file=sys.stderr)
+        after = ("no result was recorded and train.py in your checkout is as you left it" if args.command == "try"
+                 else f"{s.branch if s else 'the branch'} is at the best commit")
+        print(f"\nagent.py: interrupted; {after}. Rerun the same command to resume.", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def research_main(s, proposer, constants):
+    """The loop's own setup (the proposer, its prompts and check, the preflight), then research_loop until a
+    limit. Returns 0."""
+    args, target = s.args, s.target
+    s.proposer = proposer
+    proposer.profile = s.profile
+    proposer.on_retry = lambda attempt, problem, delay: on_llm_retry(s, attempt, problem, delay)
+    s.recent_failures = collections.deque(maxlen=BREAKER[1])
+    s.system_prompt = SYSTEM_PROMPT.format(
+        budget=s.budget, metric=s.metric, goal=goal_word(s.goal),
+        frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
+    if constants["PREFLIGHT"]:
+        console.say("preflight: prepare.py --preflight ...")
+        run_prepare(target, "--preflight", timeout=s.timeout)
+    s.log("config", proposer=args.proposer, model=args.model, base_url=args.base_url, metric=s.metric,
+          goal=s.goal, budget_s=s.budget, timeout_s=s.timeout, max_experiments=args.max_experiments,
+          hours=args.hours, max_cost_usd=args.max_cost_usd)
+    if proposer.is_llm and args.max_cost_usd is not None and price_key(args.model) is None:
+        console.say(f"warning: --max-cost-usd {args.max_cost_usd:g} cannot stop this run: model {args.model!r} "
+                    f"is not in the price table (PRICES in harness/proposers.py), so its calls count as $0. "
+                    f"Add its prices there, or also set --max-experiments or --hours")
+    console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, "
+                f"proposer {args.proposer}{' ' + args.model if s.proposer.is_llm else ''}, budget "
+                f"{s.budget:g}s, timeout {s.timeout:g}s")
+    s.status(s.next_n, f"checking {args.proposer} {args.model or ''} with a 1-token request")
+    proposer.check()                    # a refused key or unknown model stops here, before the baseline
+    reason = research_loop(s)
+    s.log("stop", reason=reason)
+    console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
+                f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
+    return 0
 
 
 def on_llm_retry(s, attempt, problem, delay):

@@ -5,7 +5,8 @@ The research agent must not edit this file: agent.py checks its hash before and 
 experiment and rejects a candidate that changed it. train.py imports the runtime utilities below.
 
 Usage:
-    uv run prepare.py                                   # climbmix shards from Hugging Face, H100 profile
+    uv run prepare.py                                   # profile from the device (CUDA: default, climbmix shards
+                                                        # from Hugging Face; MPS: small, CPU: cpu, tinystories)
     uv run prepare.py --num-shards 8                    # fewer training shards (the val shard is pinned)
     uv run prepare.py --dataset tinystories --profile small     # a Mac or a small GPU
     uv run prepare.py --source ../shared/data/corpora --profile cpu   # offline: local .txt/.jsonl/.parquet
@@ -40,7 +41,7 @@ import socket
 import sys
 import time
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ import tiktoken
 import torch
 import torch.export.passes  # move_to_device_pass: an artifact exported on one device is scored on another
 import torch.nn.functional as F
+from tqdm import tqdm
 
 # ---------------------------------------------------------------------------
 # Constants (fixed, do not modify)
@@ -260,13 +262,14 @@ def _offline_error(url):
                         f"e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
 
 
-def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
+def download_file(url, path, attempts=5, backoff=2.0, timeout=30, progress=False):
     """Download url to path: stream to path.tmp, validate it as parquet, then rename.
 
     A truncated or corrupt download is deleted and fetched again; an existing file is validated
     before it counts as done. Retries with exponential backoff (backoff * 2**k seconds), except when
     the host name does not resolve: that raises OfflineError at once. Raises OfflineError if the host
-    cannot be reached at all, PrepareError on a 404 or when every attempt failed.
+    cannot be reached at all, PrepareError on a 404 or when every attempt failed. progress: a byte progress bar
+    (tqdm, on a terminal only).
     """
     path = Path(path)
     if path.exists():
@@ -285,9 +288,12 @@ def download_file(url, path, attempts=5, backoff=2.0, timeout=30):
                 if response.status_code == 404:
                     raise PrepareError(f"{url} does not exist (HTTP 404); check --num-shards / --dataset")
                 response.raise_for_status()
-                with open(tmp, "wb") as f:
+                size = int(response.headers.get("Content-Length") or 0) or None
+                with open(tmp, "wb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=path.name,
+                                                disable=None if progress else True) as bar:
                     for chunk in response.iter_content(chunk_size=1 << 20):
                         f.write(chunk)
+                        bar.update(len(chunk))
             if not parquet_ok(tmp):
                 raise ValueError("downloaded file is not a complete parquet file with a text column (truncated?)")
             os.replace(tmp, path)
@@ -315,10 +321,12 @@ def download_climbmix(data_dir, num_shards, workers, base_url=CLIMBMIX_URL, back
     data_dir.mkdir(parents=True, exist_ok=True)
     names = [f"shard_{i:05d}.parquet" for i in range(min(num_shards, MAX_SHARD))] + [VAL_SHARD_NAME]
     print(f"Data: {len(names)} climbmix shards -> {data_dir}")
-    with ThreadPoolExecutor(max(1, min(workers, len(names)))) as pool:
+    with ThreadPoolExecutor(max(1, min(workers, len(names)))) as pool, \
+            tqdm(total=len(names), unit="shard", desc="climbmix", disable=None) as bar:   # a bar on a terminal
         futures = [pool.submit(download_file, f"{base_url}/{n}", data_dir / n, backoff=backoff) for n in names]
-        for f in futures:
+        for f in as_completed(futures):
             f.result()  # re-raises the first failure (offline, 404, disk full)
+            bar.update(1)
     print(f"Data: {len(names)} shards ready")
 
 # ---------------------------------------------------------------------------
@@ -898,6 +906,15 @@ def check_graph(program, path):
                                 f"x.add_(y) in forward: write x = x + y)")
 
 
+def device_profile():
+    """The profile for this machine's device class when --profile is not given: default with CUDA, small with MPS,
+    cpu otherwise (printed, with how to choose another)."""
+    device = default_device().type
+    profile = {"cuda": "default", "mps": "small"}.get(device, "cpu")
+    print(f"Profile: {profile} (this machine's device is {device}; --profile to choose another)")
+    return profile
+
+
 def default_device():
     """cuda if available, else mps, else cpu (the separate evaluator's choice)."""
     if torch.cuda.is_available():
@@ -1016,7 +1033,8 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
                 downloads = root / "downloads"
                 downloads.mkdir(parents=True, exist_ok=True)
                 print("Data: downloading karpathy/tinystories-gpt4-clean")
-                files = [download_file(TINYSTORIES_URL, downloads / "tinystories_gpt4_clean.parquet", backoff=backoff)]
+                files = [download_file(TINYSTORIES_URL, downloads / "tinystories_gpt4_clean.parquet", backoff=backoff,
+                                       progress=True)]
             else:
                 files = source_files(source)
             data_dir, val_name = root / "data" / dataset, LOCAL_VAL_NAME
@@ -1089,11 +1107,13 @@ def evaluate_main(artifact, device=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Prepare data, tokenizer and evaluation constants for autoresearch (FROZEN).")
-    parser.add_argument("--dataset", choices=["climbmix", "tinystories"], default="climbmix",
-                        help="dataset to download from Hugging Face (default: climbmix, as karpathy/autoresearch)")
+    parser.add_argument("--dataset", choices=["climbmix", "tinystories"],
+                        help="dataset to download from Hugging Face (default: climbmix, as karpathy/autoresearch, for "
+                             "the default profile; tinystories for small and cpu)")
     parser.add_argument("--source", metavar="PATH", help="use local .txt/.jsonl(text)/.parquet(text) files instead of downloading (offline)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="default",
-                        help="evaluation constants: default (H100), small (Mac / small GPU), cpu (default: default)")
+    parser.add_argument("--profile", choices=sorted(PROFILES),
+                        help="evaluation constants: default (H100), small (Mac / small GPU), cpu (default: the class of "
+                             "this machine's device: default with CUDA, small with MPS, cpu otherwise)")
     parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards to download, -1 = all (default: 10)")
     parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
     parser.add_argument("--force", action="store_true", help="replace a cache prepared with another dataset or profile")
@@ -1121,7 +1141,9 @@ def main(argv=None):
         num_shards = MAX_SHARD if args.num_shards == -1 else args.num_shards
         if num_shards < 1:
             raise PrepareError(f"--num-shards {args.num_shards}: need at least 1 training shard (or -1 for all)")
-        prepare(args.dataset, args.source, PROFILES[args.profile], num_shards, args.download_workers, args.force)
+        profile = args.profile or device_profile()
+        dataset = args.dataset or ("climbmix" if profile == "default" else "tinystories")
+        prepare(dataset, args.source, PROFILES[profile], num_shards, args.download_workers, args.force)
         return 0
     except PrepareError as e:
         print(f"prepare.py: error: {e}", file=sys.stderr)

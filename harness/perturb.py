@@ -100,11 +100,12 @@ def moves(number, kind, wide):
     return texts
 
 
-def perturb(train_src, proposer, n, seed, tag, profile=None):
+def perturb(train_src, proposer, n, seed, tag, profile=None, attempt=0):
     """The random/grid proposer: an answer in the LLM's format changing one UPPER_CASE constant.
 
     random: a seeded choice per experiment n (reproducible on resume); grid: the (n-1)-th single step of a sweep
-    over every constant, down then up. profile selects the `if PROFILE == ...` branch (see numeric_constants).
+    over every constant, down then up. attempt > 0 (a repair: the first answer was refused, e.g. as a duplicate of
+    an experiment already measured) takes another choice, the next step of the sweep. profile selects the `if PROFILE == ...` branch (see numeric_constants).
     Raises Stop when train.py has no constant to perturb."""
     options = [(name, line, span, new) for name, line, span, number, kind in numeric_constants(train_src, profile)
                for new in moves(number, kind, wide=proposer == "random")]
@@ -112,11 +113,11 @@ def perturb(train_src, proposer, n, seed, tag, profile=None):
         raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for "
                    f"--proposer {proposer} to perturb; use an LLM proposer")
     if proposer == "random":
-        rng = random.Random(f"{seed}:{tag}:{n}")
+        rng = random.Random(f"{seed}:{tag}:{n}" + (f":{attempt}" if attempt else ""))
         name = rng.choice(sorted({o[0] for o in options}))
         name, line, (start, end), new = rng.choice([o for o in options if o[0] == name])
     else:
-        name, line, (start, end), new = options[(n - 1) % len(options)]
+        name, line, (start, end), new = options[(n - 1 + attempt) % len(options)]
     context, last = line[:line.rstrip("\n").rfind("\n") + 1], line[line.rstrip("\n").rfind("\n") + 1:]
     raw = last.encode()
     old, replaced = raw[start:end].decode(), context + (raw[:start] + new.encode() + raw[end:]).decode()

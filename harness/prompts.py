@@ -68,7 +68,8 @@ Answer again in the exact format (a DESCRIPTION line, then SEARCH/REPLACE blocks
 
 # Sections of program.md written for an external coding agent that runs the loop itself (shell commands, git, the
 # results file): agent.py does all of that, so the proposer never reads them.
-HARNESS_SECTIONS = ("setup", "output", "output format", "logging results", "the experiment loop")
+HARNESS_SECTIONS = ("setup", "output", "output format", "logging results", "the experiment loop",
+                    "fallback: the manual loop")
 
 
 def program_brief(program, budget):

@@ -66,7 +66,8 @@ class Proposer:
     def ask(self, system, messages, train_src, n):
         """One answer: the LLM's (transient errors retried, see call_with_retries), or a perturbation."""
         if self.call is None:
-            return Reply(perturb(train_src, self.name, n, self.args.seed, self.args.tag, self.profile))
+            attempt = sum(m["role"] == "assistant" for m in messages)      # a repair asks for another choice
+            return Reply(perturb(train_src, self.name, n, self.args.seed, self.args.tag, self.profile, attempt))
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
 
     def check(self):

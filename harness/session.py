@@ -68,6 +68,8 @@ class Session:
     started: float = dataclasses.field(default_factory=time.monotonic)
     recent_failures: collections.deque = dataclasses.field(default_factory=collections.deque)
     last: str = "-"
+    synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
+    blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
 
     @property
     def next_n(self):
@@ -117,6 +119,24 @@ class Session:
 def best_source(s):
     """train.py of the best commit: what the next proposal edits."""
     return gitops.file_at(s.repo, s.best_commit, s.train_rel)
+
+
+def duplicate_of(s, source):
+    """The "experiment" event of this tag whose train.py is byte-identical to `source` (any status, the baseline
+    included), or None: an idea already measured is never run again."""
+    blob = git_blob_sha(source.encode())
+    for e in s.history:
+        if e["n"] not in s.blobs:
+            s.blobs[e["n"]] = (s.repo.commit(e["full_commit"]).tree / s.train_rel).hexsha
+        if s.blobs[e["n"]] == blob:
+            return e
+    return None
+
+
+def describe(e, metric):
+    """One experiment for a message: '#3 (discard, val_bpb 1.208000: lower LR)'."""
+    value = f", {metric} {e['metric']:.6f}" if e["status"] != "crash" else ""
+    return f"#{e['n']} ({e['status']}{value}: {e['description']})"
 
 
 def commit_candidate(s, n, source, message, attempt=0, amend=None):
@@ -206,9 +226,10 @@ def advance_branch(s, commit):
     gitops.advance_branch(s.repo, s.branch, commit, s.best_commit)
 
 
-def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
-    """Log the "experiment" event (tokens, $ and LLM seconds since spent0), then append the results.tsv row
-    derived from it, then print one line."""
+def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None):
+    """Log the "experiment" event (tokens, $ and LLM seconds since spent0; fix_of: the experiment whose crashed
+    candidate `try --fix` amended), then append the results.tsv row derived from it, then print one line."""
+    idea = redact(description)
     if outcome.reason:
         description = clean_description(f"{description} ({outcome.reason})")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
@@ -218,7 +239,8 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes):
                   wall_seconds=round(time.monotonic() - t0, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
-                  budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric)
+                  budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric,
+                  idea=idea, reason=redact(outcome.reason), fix_of=fix_of)
     gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
     s.history.append(event)
@@ -299,15 +321,30 @@ def open_session(args):
                          f"(report.py reads that file too), then rerun")
 
     # 1. the user's checkout: the target's code must be committed; the ratchet branch must not be checked out
-    dirty = [rel for rel in gitops.changed_files(repo) if rel in [s.train_rel, *s.frozen_rels]]
+    changed = gitops.changed_files(repo)
+    dirty = [rel for rel in changed if rel in s.frozen_rels]
     if dirty:
         raise SetupError(f"uncommitted changes to {', '.join(dirty)}: the experiments run committed code only, so "
-                         "these edits would be ignored. agent.py never stashes, resets or deletes your work: commit "
-                         "or stash them yourself, then rerun")
+                         "these edits would be ignored (and the frozen files are never yours to edit). agent.py never "
+                         "stashes, resets or deletes your work: commit or stash them yourself, then rerun")
     if gitops.checked_out_in(repo, branch):
         raise SetupError(f"{branch} is checked out in {', '.join(gitops.checked_out_in(repo, branch))}; the agent "
                          "moves that branch itself and never touches your checkout: `git switch -` (or any other "
                          "branch) there, then rerun")
+
+    #    the checkout's train.py: `try` takes it as the candidate; the loop takes the best commit's, so an edit
+    #    there would be ignored, unless it is one this tag already measured (what `try` leaves in your checkout)
+    here = (target / "train.py").read_bytes()
+    best = kept[-1]["full_commit"] if kept else (branch if branch in repo.heads else "HEAD")
+    if (args.command == "loop" and s.train_rel in changed and here != file_at_bytes(s, best)
+            and duplicate_of(s, here.decode("utf-8", "replace")) is None):
+        raise SetupError(f"uncommitted changes to {s.train_rel}: the experiments run committed code only, so these "
+                         "edits would be ignored. agent.py never stashes, resets or deletes your work: commit or stash "
+                         "them yourself (or run them with `uv run agent.py try`), then rerun")
+
+    if args.command == "try" and not args.baseline and not history:
+        raise SetupError(f"tag {args.tag!r} has no baseline yet: run `uv run agent.py try --tag {args.tag} --baseline` "
+                         "first")
 
     # 2. the branch: create it, or find the best commit of a resumed one
     if branch not in repo.heads:
@@ -327,6 +364,9 @@ def open_session(args):
         elif tip != s.best_commit:
             adopt_human_commits(s, tip)
         s.log("start", new_branch=False, best=s.best_commit, experiments=len(history))
+
+    s.synced = next((e["commit"] for e in reversed(all_events)
+                     if e.get("tag") == args.tag and e.get("event") == "synced"), None)
 
     # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest (and no run dir
     #    left by a killed agent: we hold the lock and killed its run)
@@ -360,6 +400,11 @@ def open_session(args):
     if history and history[-1].get("full_commit"):      # a kill between the event and its note (no-op if there)
         gitops.add_note(repo, history[-1]["full_commit"], note_text(history[-1], s.metric))
     return s, constants
+
+
+def file_at_bytes(s, commit):
+    """The bytes of the target's train.py at commit."""
+    return (s.repo.commit(commit).tree / s.train_rel).data_stream.read()
 
 
 def export_frozen(s):

@@ -3,7 +3,8 @@ HARNESS: what a target is. A target is a directory holding program.md (the human
 prepare.py (data, evaluator, contract constants) and a MUTABLE train.py. This module reads the contract constants
 with ast (it never imports prepare.py or train.py), computes the effective time budget (the harness's one parser
 of AUTORESEARCH_TIME_BUDGET; the frozen files keep their own, self-contained) and runs prepare.py's
---check / --preflight in a subprocess. It never writes to the target.
+--check / --preflight in a subprocess, and prepare.py itself on a machine with no prepared data. It never writes
+to the target.
 """
 
 import ast
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import console
 from harness.errors import SetupError
 from harness.redact import clean_env
 
@@ -91,3 +93,24 @@ def run_prepare(target, flag, timeout):
         output = (p.stderr.strip() or p.stdout.strip() or f"exit code {p.returncode}")[-3000:]
         raise SetupError(f"prepare.py {flag} failed:\n{output}")
     return p.stdout
+
+
+def ensure_prepared(target, source=None):
+    """`prepare.py --check`, and when it fails (a fresh machine), prepare.py itself: the default data for this device
+    class, or `--source PATH`, with its progress on the terminal; then the check again. Returns the check's stdout;
+    SetupError with prepare.py's own message when the data cannot be prepared (offline, a cache prepared otherwise)."""
+    try:
+        ready = run_prepare(target, "--check", timeout=600)
+        if source is not None:
+            console.say(f"--source {source}: ignored, data is already prepared ({ready.splitlines()[0]}); to replace "
+                        f"it run `uv run prepare.py --source {source} --force`")
+        return ready
+    except SetupError as e:
+        missing = str(e).splitlines()[-1]
+    argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else [])
+    console.say(f"no prepared data ({missing[:200]}); preparing it now: {' '.join(['prepare.py', *argv[2:]])}")
+    if subprocess.run(argv, cwd=target, env=clean_env()).returncode != 0:    # its output and progress go to you
+        raise SetupError("preparing the data failed (prepare.py's message is above). Fix that and rerun, or prepare "
+                         "it yourself first (`uv run prepare.py --help`; offline: `uv run prepare.py --source PATH`), "
+                         "or pass --source PATH")
+    return run_prepare(target, "--check", timeout=600)

@@ -55,7 +55,11 @@ if __name__ == "__main__":
         print("---")
         print(f"{metric}: {{score(model['LR'], model['DEPTH'], model.get('memorized')):.6f}}")
         print(f"frozen_inputs: {{frozen_inputs()['digest']}}")
-    else:
+    else:                                  # prepare: --source PATH must exist
+        if "--source" in sys.argv and not Path(sys.argv[sys.argv.index("--source") + 1]).exists():
+            print("prepare.py: error: no such --source", file=sys.stderr)
+            sys.exit(1)
+        print("Data: prepared", " ".join(sys.argv[1:]))
         ready.touch()
 '''
 

@@ -277,11 +277,21 @@ def test_no_key_and_no_proposer_names_both_ways(target, monkeypatch, capsys):
     assert e.value.code == 2 and "--proposer random" in err and "ANTHROPIC_API_KEY" in err and "OPENAI_API_KEY" in err
 
 
-def test_missing_prepared_data_points_to_prepare(target, capsys):
-    (Path(os.environ["AUTORESEARCH_CACHE"]) / "ready").unlink()
-    assert run_agent(target, None, "anthropic", "--proposer", "random") == 2
-    assert "run `python prepare.py` first" in capsys.readouterr().err
-    assert "autoresearch/t" not in git.Repo(target).heads
+def test_a_fresh_machine_prepares_its_data_first(target, capfd, tmp_path):
+    """No prepared data: agent.py runs prepare.py (with --source when given) and goes on; a failure stops with its
+    message and changes nothing."""
+    ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
+    ready.unlink()
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--source", str(tmp_path / "absent")) == 2
+    out, err = capfd.readouterr()
+    assert "run `python prepare.py` first); preparing it now: prepare.py --source" in out
+    assert "prepare.py: error: no such --source" in err and "preparing the data failed" in err
+    assert "autoresearch/t" not in git.Repo(target).heads and not ready.exists()
+    (tmp_path / "corpus").mkdir()
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0",
+                     "--source", str(tmp_path / "corpus")) == 0
+    assert f"Data: prepared --source {tmp_path / 'corpus'}" in capfd.readouterr().out and ready.exists()
+    assert len(rows(target)) == 1
 
 
 def test_detached_head_is_refused(target, capsys):

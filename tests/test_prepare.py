@@ -413,3 +413,17 @@ def test_binary_file_is_not_text(tmp_path):
     f.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(4000) + b"some strings inside")
     with pytest.raises(P.PrepareError, match="NUL bytes: this is not UTF-8 text. A binary file: remove it"):
         P.read_source_file(f, 4000)
+
+
+def test_without_profile_and_dataset_the_device_class_chooses(tmp_path, monkeypatch, capsys):
+    """No --profile: this machine's device class picks it (cpu here: no CUDA, no MPS), and with it the dataset
+    (tinystories for small and cpu, climbmix for default), as a fresh machine's agent.py run relies on."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    seen = {}
+    monkeypatch.setattr(P, "prepare", lambda dataset, source, profile, *rest: seen.update(
+        dataset=dataset, source=source, profile=profile.name))
+    assert P.main([]) == 0 and seen == {"dataset": "tinystories", "source": None, "profile": "cpu"}
+    assert "Profile: cpu (this machine's device is cpu; --profile to choose another)" in capsys.readouterr().out
+    assert P.main(["--profile", "default"]) == 0 and seen["dataset"] == "climbmix"
+    assert P.main(["--source", str(CORPORA)]) == 0 and seen == {"dataset": "tinystories", "source": str(CORPORA),
+                                                                  "profile": "cpu"}

@@ -1,0 +1,179 @@
+"""
+Tests for `agent.py try`, the one-experiment command external coding agents use (program.md's loop), offline, on the
+tiny target of tests/agent_target.py (baseline val_bpb 1.108000; LR = 0.05 gives 1.008000). Each test edits train.py
+in the checkout as an agent would, runs `try`, and checks the verdict block, the rows, the branch and the checkout.
+"""
+
+import json
+from pathlib import Path
+
+import git
+import pytest
+
+import agent
+import report
+from agent_target import edit
+from llm_server import ScriptedLLM
+from test_agent import events, rows, sha, tree_is_clean
+
+
+def try_(target, *extra):
+    """`agent.py try --tag t` in-process; returns its exit code."""
+    return agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", *extra])
+
+
+def set_lr(target, lr):
+    """Edit train.py in the checkout as an agent would."""
+    path = target / "train.py"
+    text = path.read_text()
+    old = next(line for line in text.splitlines() if line.startswith("LR = "))
+    path.write_text(text.replace(old, f"LR = {lr}"))
+
+
+def block(out):
+    """The verdict block's key: value lines as a dict."""
+    lines = out.split("---\n")[-2].splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line and not line.startswith(" "))
+
+
+def value(out, key):
+    return block(out)[key].strip()
+
+
+def test_baseline_then_keep_discard_crash_and_fix(target, capsys):
+    head = sha(target, "HEAD")
+    assert try_(target, "--baseline") == 0
+    out = capsys.readouterr().out
+    assert value(out, "status") == "keep" and value(out, "val_bpb") == "1.108000"
+    assert value(out, "experiment") == "0" and sha(target, "autoresearch/t") == head
+
+    set_lr(target, 0.05)
+    assert try_(target, "-m", "raise LR to 0.05") == 0
+    out = capsys.readouterr().out
+    keep = events(target, "experiment")[1]
+    assert (value(out, "status"), value(out, "val_bpb")) == ("keep", "1.008000")
+    assert value(out, "delta") == "-0.100000 vs the best before it (1.108000)"
+    assert rows(target)[1] == f"{keep['commit']}\t1.008000\t2.0\tkeep\traise LR to 0.05"
+    assert sha(target, "autoresearch/t") == keep["full_commit"]
+    assert git.Repo(target).commit(keep["full_commit"]).parents[0].hexsha == head
+    assert "LR = 0.05" in (target / "train.py").read_text()          # the checkout holds the best
+    assert sha(target, "HEAD") == head                               # and is still on main
+
+    set_lr(target, 0.03)
+    assert try_(target, "-m", "lower LR") == 0
+    out = capsys.readouterr().out
+    assert (value(out, "status"), value(out, "val_bpb")) == ("discard", "1.208000")
+    assert value(out, "best").startswith("1.008000 (#1")
+    assert "LR = 0.05" in (target / "train.py").read_text()          # restored to the best
+    assert sha(target, "autoresearch/t") == keep["full_commit"]
+
+    (target / "train.py").write_text((target / "train.py").read_text().replace("import json", "import jsonn"))
+    assert try_(target, "-m", "a typo") == 0
+    out = capsys.readouterr().out
+    crash = events(target, "experiment")[3]
+    assert value(out, "status") == "crash" and "ModuleNotFoundError: No module named 'jsonn'" in out
+    assert f"git show {crash['commit']}:train.py > train.py" in value(out, "to fix") and "fix 1 of at most 2" in out
+    assert rows(target)[3].startswith(f"{crash['commit']}\t0.000000\t0.0\tcrash\ta typo (exit code 1")
+    assert "jsonn" not in (target / "train.py").read_text()
+
+    # the fix: the crashed commit is amended (same parent, the fix in its message) and measured as a new row
+    repo = git.Repo(target)
+    (target / "train.py").write_text(repo.git.show(f"{crash['commit']}:train.py").replace("jsonn", "json")
+                                     .replace("DEPTH = 8", "DEPTH = 4"))
+    assert try_(target, "--fix", "-m", "import json, not jsonn") == 0
+    out = capsys.readouterr().out
+    fixed = events(target, "experiment")[4]
+    assert (value(out, "status"), value(out, "val_bpb")) == ("keep", "1.004000")
+    assert (fixed["fix_of"], fixed["fixes"], fixed["description"]) == (3, 1, "a typo (fix 1: import json, not jsonn)")
+    commit = repo.commit(fixed["full_commit"])
+    assert commit.parents[0].hexsha == keep["full_commit"] and "fix 1: import json, not jsonn" in commit.message
+    assert [r.split("\t")[3] for r in rows(target)] == ["keep", "keep", "discard", "crash", "keep"]
+    assert tree_is_clean(target) is False and "DEPTH = 4" in (target / "train.py").read_text()
+
+
+def test_refusals_change_nothing(target, capsys):
+    assert try_(target, "-m", "too early") == 2
+    assert "no baseline yet" in capsys.readouterr().err
+    assert try_(target, "--baseline") == 0
+    assert try_(target, "--baseline") == 2
+    assert "already has its baseline" in capsys.readouterr().err
+    assert try_(target, "-m", "nothing edited") == 2
+    assert "unchanged: edit it with one idea first" in capsys.readouterr().err
+    assert try_(target, "--fix", "-m", "no crash to fix") == 2
+    assert "--fix amends a crashed candidate" in capsys.readouterr().err
+
+    set_lr(target, 0.03)
+    assert try_(target, "-m", "lower LR") == 0
+    set_lr(target, 0.03)                          # the same file again: refused with the earlier number
+    assert try_(target, "-m", "lower LR again") == 2
+    err = capsys.readouterr().err
+    assert "byte-identical to experiment #1 (discard, val_bpb 1.208000: lower LR)" in err
+    (target / "prepare.py").write_text((target / "prepare.py").read_text() + "\n# tampered\n")
+    set_lr(target, 0.06)
+    assert try_(target, "-m", "with a frozen file edited") == 2
+    assert "uncommitted changes to prepare.py" in capsys.readouterr().err
+    assert len(rows(target)) == 2 and len(events(target, "experiment")) == 2
+
+
+def test_try_and_the_loop_share_one_tag(target, capsys, tmp_path):
+    """Baseline and 2 experiments with try, then the loop continues the same tag, then try again: one history,
+    one row per experiment, one baseline in the report."""
+    assert try_(target, "--baseline") == 0
+    set_lr(target, 0.05)
+    assert try_(target, "-m", "raise LR") == 0
+    set_lr(target, 0.04)                                             # back to the baseline's file: a duplicate
+    assert try_(target, "-m", "back to 0.04") == 2
+    set_lr(target, 0.07)
+    assert try_(target, "-m", "LR 0.07") == 0
+    capsys.readouterr()
+    with ScriptedLLM([edit("shallower", "DEPTH = 8", "DEPTH = 2"), edit("deeper", "DEPTH = 2", "DEPTH = 3")]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, "--max-experiments", "4"]) == 0
+    assert "3 experiments so far" in capsys.readouterr().out  # the checkout's train.py is a measured one: accepted
+    history = events(target, "experiment")
+    assert [(e["n"], e["status"]) for e in history] == [(0, "keep"), (1, "keep"), (2, "discard"), (3, "keep"),
+                                                         (4, "discard")]
+    assert len(rows(target)) == 5 and sum(e["description"] == "baseline" for e in history) == 1
+
+    set_lr(target, 0.051)                           # an edit of the old best would undo the loop's keep: refused
+    assert try_(target, "-m", "stale edit") == 2
+    assert "--sync" in capsys.readouterr().err
+    assert try_(target, "--sync") == 0
+    saved = capsys.readouterr().out.split("saved to ")[1].split()[0]
+    assert "LR = 0.051" in Path(saved).read_text()  # the stale edit is kept, not lost
+    assert (target / "train.py").read_text() == git.Repo(target).git.show(f"{history[3]['full_commit']}:train.py") + "\n"
+    set_lr(target, 0.0501)
+    assert try_(target, "-m", "LR 0.0501") == 0
+    last = events(target, "experiment")[-1]
+    assert (last["n"], last["status"], last["metric"]) == (5, "discard", 1.003)   # 1 + 0.001 + 0.002
+    assert git.Repo(target).commit(last["full_commit"]).parents[0].hexsha == history[3]["full_commit"]
+
+    results = report.load_results(target / "results.tsv")
+    assert len(results.rows) == 6 and sum(r.description == "baseline" for r in results.rows) == 1
+    assert json.loads((target / "events.jsonl").read_text().splitlines()[-1])["tag"] == "t"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fix", "--baseline"], "--fix needs -m"),
+    (["--fix"], "one of the arguments -m/--message --baseline --sync is required"),
+    (["-m", "\x00\x1b"], "-m: describe the idea"),
+    (["--baseline", "-m", "x"], "not allowed with"),
+])
+def test_bad_flags_exit_2(target, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        try_(target, *flags)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_loop_sends_a_duplicate_back_to_the_llm_with_the_earlier_number(target):
+    """An answer whose train.py was already measured (any status) is refused like a bad edit, naming the experiment."""
+    shallower = edit("shallower", "DEPTH = 8", "DEPTH = 2")
+    lower = edit("lower LR", "LR = 0.05", "LR = 0.03")
+    with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05"), lower, lower, shallower]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, "--max-experiments", "3"]) == 0
+    repair = events(target, "repair")
+    assert len(repair) == 1 and repair[0]["n"] == 3 and repair[0]["error"].startswith(
+        "the resulting train.py is byte-identical to experiment #2 (discard, val_bpb 1.208000: lower LR)")
+    assert "byte-identical to experiment #2" in llm.requests[-1][1]["messages"][-1]["content"]
+    assert [e["description"] for e in events(target, "experiment")] == ["baseline", "raise LR", "lower LR", "shallower"]
