@@ -24,6 +24,7 @@ import collections
 import os
 import re
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -66,25 +67,35 @@ def research_loop(s):
         description, source, repairs = proposal
         commit = commit_candidate(s, n, source, description)     # 2. the answer becomes a commit
         outcome, fixes = run_with_fixes(s, n, description, commit)  # 3. train, parse; a crash may get fixes
-        status = judge(s, outcome)                               # 4. keep / discard / crash
-        record(s, n, outcome, status, description, t0, spent0, repairs, fixes)  # 5. event, then row
+        status, runs = judge(s, n, fixes, outcome)               # 4. keep / discard / crash (confirmed)
+        record(s, n, outcome, status, description, t0, spent0, repairs, fixes, runs=runs)  # 5. event, then row
         if status == "keep":                                     # 6. only a measured, kept commit enters the branch
             advance_branch(s, outcome.commit)
-            s.best_commit, s.best_metric = outcome.commit, outcome.metric
+            s.best_commit, s.best_metric = outcome.commit, s.history[-1]["metric"]
         s.recent_failures.append(status == "crash")
     return reason
 
 
 def run_baseline(s):
-    """Experiment 0: the unmodified train.py at the branch start, measured on this machine."""
+    """Experiment 0: the unmodified train.py at the branch start, measured on this machine --baseline-runs times
+    with different seeds: their mean is the first best, their standard deviation the noise floor."""
     t0, spent0, commit = time.monotonic(), s.spent(), s.best_commit
     make_candidate_ref(s.repo, s.args.tag, 0, commit)
-    outcome = train_candidate(s, 0, 0, commit)
-    if outcome.metric is None:
-        raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit it "
-                   f"(on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n{outcome.log_tail}")
-    record(s, 0, outcome, "keep", "baseline", t0, spent0, repairs=0, fixes=0)
-    s.best_metric = s.baseline_metric = outcome.metric
+    runs = []
+    for run in range(s.args.baseline_runs):
+        s.status(0, f"baseline run {run + 1} of {s.args.baseline_runs}")
+        outcome = train_candidate(s, 0, 0, commit, run=run)
+        if outcome.metric is None:
+            raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
+                       f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
+                       f"{outcome.log_tail}")
+        runs.append(outcome.metric)
+    s.noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
+    record(s, 0, outcome, "keep", "baseline", t0, spent0, repairs=0, fixes=0, runs=runs, noise_sd=s.noise_sd)
+    s.best_metric = s.baseline_metric = s.history[-1]["metric"]
+    if s.noise_sd is not None:
+        console.say(f"noise floor: {s.metric} sd {s.noise_sd:.6f} over {len(runs)} seeds; a candidate must beat the "
+                    f"best by {margin(s):.6f} ({margin_rule(s)})")
 
 
 def stop_reason(s):
@@ -103,12 +114,47 @@ def stop_reason(s):
     return None
 
 
-def judge(s, outcome):
-    """keep if the metric is strictly better than the best kept one, crash if there is none, else discard."""
-    if outcome.metric is None:
-        return "crash"
-    better = outcome.metric < s.best_metric if s.goal == "min" else outcome.metric > s.best_metric
-    return "keep" if better else "discard"
+def judge(s, n, attempt, first):
+    """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
+    the metrics of its runs). crash: no metric. discard: it beats the best (the mean of the best's runs) by less
+    than margin(s). Otherwise it is run --confirm more times with other seeds, and kept only if the mean of all its
+    runs beats the best by the margin (a confirmation that crashes: a crash). With --confirm 0, the first run decides
+    alone (margin 0 unless --margin: karpathy's strict ratchet)."""
+    if first.metric is None:
+        return "crash", []
+    runs = [first.metric]
+    if not beats(s, first.metric):
+        return "discard", runs
+    for run in range(1, s.args.confirm + 1):
+        s.status(n, f"confirming: run {run + 1} of {s.args.confirm + 1}")
+        again = train_candidate(s, n, attempt, first.commit, run=run)
+        if again.metric is None:
+            first.metric, first.reason = None, f"confirmation run {run + 1} crashed: {again.reason}"
+            first.log_tail = again.log_tail
+            return "crash", runs
+        runs.append(again.metric)
+    return ("keep" if beats(s, statistics.fmean(runs)) else "discard"), runs
+
+
+def beats(s, metric):
+    """Whether metric is better than the best's by more than the margin (strictly better with margin 0)."""
+    gain = s.best_metric - metric if s.goal == "min" else metric - s.best_metric
+    return gain > margin(s)
+
+
+def margin(s):
+    """How much a candidate must beat the best by: --margin, else 2 x the baseline's noise sd (0 with --confirm 0,
+    or when the noise was not measured: one baseline run)."""
+    if s.args.margin is not None:
+        return s.args.margin
+    return 2 * s.noise_sd if s.noise_sd and s.args.confirm > 0 else 0.0
+
+
+def margin_rule(s):
+    """How margin(s) was set, in words."""
+    if s.args.margin is not None:
+        return "--margin"
+    return "2 x noise sd" if s.noise_sd and s.args.confirm > 0 else "strict: --confirm 0 or one baseline run"
 
 # ---------------------------------------------------------------------------
 # Propose (repaired at most MAX_REPAIRS times) and fix (at most MAX_FIXES times)
@@ -120,7 +166,8 @@ def propose(s, n):
     repairs), or None if no answer could be repaired."""
     train_src = best_source(s)
     prompt = PROPOSE_PROMPT.format(program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric,
-                                   goal=goal_word(s.goal), history=format_history(s.history, s.metric), train=train_src)
+                                   goal=goal_word(s.goal), history=format_history(s.history, s.metric, margin(s)),
+                                   train=train_src)
     s.status(n, "proposing")
     proposal = ask_for_edit(s, n, [{"role": "user", "content": prompt}], train_src)
     if proposal is None:
@@ -185,14 +232,7 @@ def try_one(s):
     a, train_path = s.args, s.target / "train.py"
     if a.sync:
         return sync_checkout(s)
-    if a.baseline:
-        if s.history:
-            raise SetupError(f"tag {a.tag!r} already has its baseline ({describe(s.history[0], s.metric)}): edit "
-                             f"train.py and run `uv run agent.py try --tag {a.tag} -m \"<idea>\"`")
-        if train_path.read_bytes() != file_at_bytes(s, s.best_commit):
-            raise SetupError(f"train.py has uncommitted changes, but the baseline is the committed train.py at "
-                             f"{s.best_commit[:7]}: commit them first (then they are the baseline), or move them "
-                             "aside, e.g. `git stash`, then rerun")
+    if a.baseline:                      # open_session checked that there is none yet and train.py is committed
         run_baseline(s)
         return verdict(s, s.history[-1], None)
     if (s.synced or s.history[0]["full_commit"]) != s.best_commit \
@@ -216,16 +256,19 @@ def try_one(s):
         raise SetupError(f"this train.py is byte-identical to experiment {describe(earlier, s.metric)}, already "
                          f"measured: try another idea (`git show {earlier['commit']}:{s.train_rel}` shows it)")
     n, t0 = s.next_n, time.monotonic()
+    if crashed and s.repo.commit(crashed).parents[0].hexsha != s.best_commit:
+        crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
     commit = commit_candidate(s, n, source, message, attempt=fixes, amend=crashed)
     outcome = train_candidate(s, n, fixes, commit)
-    status = judge(s, outcome)
+    status, runs = judge(s, n, fixes, outcome)
     record(s, n, outcome, status, message.replace("\n\n", " (", 1) + ")" if a.fix else idea, t0, s.spent(),
-           repairs=0, fixes=fixes, fix_of=fix_of)
+           repairs=0, fixes=fixes, fix_of=fix_of, runs=runs)
+    s.recorded = True                   # from here on an interrupt leaves a result behind (main's message)
     if status == "keep":
         advance_branch(s, outcome.commit)
-        s.best_commit, s.best_metric = outcome.commit, outcome.metric
-    write_checkout(s)
-    return verdict(s, s.history[-1], outcome)
+        s.best_commit, s.best_metric = outcome.commit, s.history[-1]["metric"]
+    synced = write_checkout(s, expected=source)
+    return verdict(s, s.history[-1], outcome, synced)
 
 
 def fixable(s):
@@ -246,12 +289,19 @@ def fixable(s):
     return fix_of, fixes + 1, last["full_commit"]
 
 
-def write_checkout(s):
+def write_checkout(s, expected=None):
     """Your checkout's train.py becomes the best commit's (its index and HEAD are untouched), and the "synced" event
-    records which commit that was, so the next `try` knows what an edit is based on."""
-    (s.target / "train.py").write_bytes(file_at_bytes(s, s.best_commit))
+    records which commit that was, so the next `try` knows what an edit is based on. expected: the text the file must
+    still hold (what was measured); when you changed it meanwhile it is left alone, and False is returned."""
+    path = s.target / "train.py"
+    if expected is not None and path.read_bytes() != expected.encode():
+        console.say(f"train.py changed in your checkout while the run trained: left as it is (the best is "
+                    f"{s.best_commit[:7]}; `uv run agent.py try --tag {s.args.tag} --sync` saves yours and writes it)")
+        return False
+    path.write_bytes(file_at_bytes(s, s.best_commit))
     s.log("synced", commit=s.best_commit)
     s.synced = s.best_commit
+    return True
 
 
 def sync_checkout(s):
@@ -259,7 +309,7 @@ def sync_checkout(s):
     then write the best commit's train.py there."""
     current = (s.target / "train.py").read_bytes()
     if duplicate_of(s, current.decode("utf-8", "replace")) is None:
-        saved = s.home / "saved" / f"train.py.{time.strftime('%Y%m%d-%H%M%S')}"
+        saved = s.home / "saved" / f"train.py.{time.strftime('%Y%m%d-%H%M%S')}.{time.time_ns() % 10**9:09d}"
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_bytes(current)
         console.say(f"your train.py was saved to {saved}")
@@ -268,7 +318,7 @@ def sync_checkout(s):
     return 0
 
 
-def verdict(s, event, outcome):
+def verdict(s, event, outcome, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash). Returns 0."""
     best = next(e for e in reversed(s.history) if e["status"] == "keep")
@@ -277,11 +327,17 @@ def verdict(s, event, outcome):
     if event["n"] > 0 and event["status"] != "crash":
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
+    runs = event.get("runs") or []
+    if len(runs) > 1:
+        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" (seeds differ; {s.metric} is their mean)"))
+    lines.append(("margin", f"{margin(s):.6f} ({margin_rule(s)}): a candidate must beat the best by more"
+                            + (f"; noise sd {s.noise_sd:.6f}" if s.noise_sd else "")))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{s.history[0]['metric']:.6f}"),
               ("commit", f"{event['commit']} ({event['description']})"),
               ("branch", f"{s.branch} at {s.best_commit[:7]}"),
-              ("train.py", f"your checkout's train.py is the best's ({s.best_commit[:7]}): edit it for the next idea"),
+              ("train.py", f"your checkout's train.py is the best's ({s.best_commit[:7]}): edit it for the next idea"
+                           if synced else "changed by you during the run: left as it is (see above)"),
               ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
               ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
     if event["status"] == "crash" and outcome is not None:
@@ -331,7 +387,7 @@ def parse_args(argv):
                    f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
     args = p.parse_args(argv)
     args.command = "loop"
-    check_tag(p, args.tag)
+    check_common(p, args)
     for name in ("max_experiments", "hours", "max_cost_usd", "timeout"):
         value = getattr(args, name)
         if value is not None and value < 0 or name == "timeout" and value == 0:
@@ -373,7 +429,7 @@ def parse_try_args(argv):
                    f"crashed; the crashed commit is amended (at most {MAX_FIXES} fixes per idea)")
     add_common_flags(p)
     args = p.parse_args(argv)
-    check_tag(p, args.tag)
+    check_common(p, args)
     if args.fix and args.message is None:
         p.error("--fix needs -m \"<what you fixed>\"")
     if args.message is not None and not clean_description(args.message):
@@ -393,14 +449,25 @@ def add_common_flags(p):
     p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
                    help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
                    "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
+    p.add_argument("--baseline-runs", type=int, default=3, metavar="K", help="run the baseline K times with "
+                   "different seeds (AUTORESEARCH_SEED): their mean is the first best, their standard deviation the "
+                   "noise floor (default 3)")
+    p.add_argument("--confirm", type=int, default=1, metavar="C", help="a candidate that beats the best by the margin "
+                   "is run C more times with other seeds and kept only if the mean of its runs still does (default 1; "
+                   "0: the first run decides, strictly, as in karpathy's ratchet)")
+    p.add_argument("--margin", type=float, help="how much a candidate must beat the best by, in metric units "
+                   "(default: 2 x the noise sd measured by the baseline runs)")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 
 
-def check_tag(p, tag):
-    """A tag must make a valid, short branch name."""
+def check_common(p, args):
+    """The shared flags' values: a tag that makes a valid, short branch name; counts and margin in range."""
+    tag = args.tag
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
         p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
+    if args.baseline_runs < 1 or args.confirm < 0 or args.margin is not None and not args.margin >= 0:
+        p.error("--baseline-runs must be at least 1, --confirm and --margin at least 0")
 
 
 def main(argv=None):
@@ -433,9 +500,11 @@ def main(argv=None):
         return 1
     except KeyboardInterrupt:
         log_stop(s, "interrupted", "interrupted")
-        after = ("no result was recorded and train.py in your checkout is as you left it" if args.command == "try"
-                 else f"{s.branch if s else 'the branch'} is at the best commit")
-        print(f"\nagent.py: interrupted; {after}. Rerun the same command to resume.", file=sys.stderr)
+        after = (f"{s.branch if s else 'the branch'} is at the best commit. Rerun the same command to resume"
+                 if args.command == "loop" else "no result was recorded and train.py in your checkout is as you left "
+                 "it. Rerun the same command" if not (s and s.recorded) else "the result was recorded (results.tsv) "
+                 f"but train.py in your checkout may not be the best: `uv run agent.py try --tag {args.tag} --sync`")
+        print(f"\nagent.py: interrupted; {after}.", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)

@@ -469,11 +469,18 @@ def train_files(prepared):
     return files
 
 
-def _iter_texts(paths):
-    for path in paths:
-        pf = pq.ParquetFile(path)
-        for rg in range(pf.num_row_groups):
-            yield from pf.read_row_group(rg, columns=["text"]).column("text").to_pylist()
+def _iter_texts(paths, rng=None):
+    """The text column of the parquet files, row group by row group. rng (a random.Random): the row groups of all
+    files in a shuffled order, and the documents of each row group shuffled (a seeded training data order)."""
+    files = {path: pq.ParquetFile(path) for path in paths}
+    units = [(path, rg) for path in paths for rg in range(files[path].num_row_groups)]
+    if rng is not None:
+        rng.shuffle(units)
+    for path, rg in units:
+        texts = files[path].read_row_group(rg, columns=["text"]).column("text").to_pylist()
+        if rng is not None:
+            rng.shuffle(texts)
+        yield from texts
 
 
 def train_tokenizer(prepared):
@@ -563,11 +570,13 @@ def get_token_bytes(device="cpu", prepared=None):
     return torch.load(prepared.tokenizer_dir / "token_bytes.pt", map_location=device)
 
 
-def _document_batches(paths, batch_size=128):
-    """Infinite iterator of (list[str], epoch) over the non-empty documents of the parquet files, epoch from 1."""
+def _document_batches(paths, batch_size=128, seed=None):
+    """Infinite iterator of (list[str], epoch) over the non-empty documents of the parquet files, epoch from 1; in
+    file order, or with a seed in an order shuffled anew for every epoch (see _iter_texts)."""
     epoch = 1
     while True:
-        texts = (t for t in _iter_texts(paths) if t)
+        rng = random.Random(f"{seed}:{epoch}") if seed is not None else None
+        texts = (t for t in _iter_texts(paths, rng) if t)
         batch = list(itertools.islice(texts, batch_size))
         if not batch and epoch == 1:
             raise PrepareError(f"no documents in {', '.join(p.name for p in paths)}: the split is empty, re-run prepare.py with more text")
@@ -577,8 +586,9 @@ def _document_batches(paths, batch_size=128):
         epoch += 1
 
 
-def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_size=None):
-    """BOS-aligned best-fit packing: yields (inputs, targets, epoch) forever.
+def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_size=None, seed=None):
+    """BOS-aligned best-fit packing: yields (inputs, targets, epoch) forever. seed (train split only; an int, e.g.
+    $AUTORESEARCH_SEED): the documents come in an order shuffled by it, anew every epoch; None: file order.
 
     inputs, targets: int64[B, T] on device, targets = inputs shifted by one. Every row starts with BOS
     and is filled completely (no padding): the longest buffered document that fits goes next; when none
@@ -588,12 +598,14 @@ def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if split == "val" and seed is not None:
+        raise ValueError("the val split is read in one fixed order: no seed")
     prepared = prepared or load_prepared()
     paths = train_files(prepared) if split == "train" else [prepared.data_dir / prepared.val_name]
     # A big buffer packs training rows tighter; a small one lets evaluation use nearly all of a small val
     # split before the buffer has to pull documents from a second pass.
     buffer_size = buffer_size or (1000 if split == "train" else 64)
-    batches = _document_batches(paths)
+    batches = _document_batches(paths, seed=seed)
     bos = tokenizer.get_bos_token_id()
     device = torch.device(device)
     cuda = device.type == "cuda"
@@ -1076,7 +1088,8 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
             "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars,
             "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts}
     _write_atomic(meta_path, json.dumps(meta, indent=2).encode())
-    print(f"Done: {dataset} data with profile {profile.name!r} ready in {root}. Next: uv run train.py")
+    print(f"Done: {dataset} data with profile {profile.name!r} ready in {root}. Next: uv run train.py (one run), or "
+          "the experiments of program.md / README.md")
     return load_prepared(root)
 
 

@@ -374,6 +374,7 @@ try:
 except PrepareError as e:
     sys.exit(f"train.py: {e}")
 PROFILE = prepared.profile.name   # cpu | small | default, fixed by prepare.py
+SEED = int(os.environ.get("AUTORESEARCH_SEED", "42"))   # init and data order; the harness varies it between runs
 MAX_SEQ_LEN = prepared.max_seq_len
 
 # Optimization (shared by every device class)
@@ -421,7 +422,7 @@ else:                     # default: one H100-class GPU
 # Setup: model, optimizers, data
 # ---------------------------------------------------------------------------
 
-torch.manual_seed(42)
+torch.manual_seed(SEED)
 tokens_per_micro_step = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
 if TOTAL_BATCH_SIZE % tokens_per_micro_step != 0:
     sys.exit(f"train.py: TOTAL_BATCH_SIZE={TOTAL_BATCH_SIZE} must be a multiple of DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE} "
@@ -462,7 +463,8 @@ train_model = torch.compile(model, dynamic=False) if compiled else model
 # The first steps compile and warm up caches: they do not count against the budget.
 EXCLUDED_STEPS = 10 if compiled else 1
 
-train_loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device=DEVICE, prepared=prepared)
+train_loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device=DEVICE, prepared=prepared,
+                               seed=SEED)
 x, y, epoch = next(train_loader)
 
 print(f"profile: {PROFILE} | device: {DEVICE.type} | dtype: {str(DTYPE).replace('torch.', '')} | attention: {ATTENTION}")
@@ -588,3 +590,4 @@ print(f"peak_tflops:      {PEAK_FLOPS / 1e12:.2f}")
 print(f"peak_rss_mb:      {peak_rss_mb:.1f}")
 print(f"time_budget_s:    {budget_seconds:g}")
 print(f"budget_override:  {int(budget_override)}")
+print(f"seed:             {SEED}")

@@ -49,7 +49,8 @@ def main():
         target = make_target(Path(tmp) / "repo")
         with ScriptedLLM(answers, delay=args.latency) as llm:
             code = agent.main(["--tag", "bench", "--target", str(target), "--proposer", "anthropic", "--base-url",
-                               llm.anthropic_url, "--max-experiments", str(args.experiments), "--timeout", "60"])
+                               llm.anthropic_url, "--max-experiments", str(args.experiments), "--timeout", "60",
+                               "--baseline-runs", "1", "--confirm", "0"])
         if code != 0:
             sys.exit(f"agent.main exited with {code}")
         experiments = [e for e in map(json.loads, (target / "events.jsonl").read_text().splitlines())

@@ -62,7 +62,8 @@ def main():
             plain_eval += [float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("eval_seconds:")]
         subprocess.run(["git", "status", "--porcelain"], cwd=repo, check=True)
         subprocess.run([sys.executable, str(ROOT / "agent.py"), "--tag", "bench", "--target", str(repo), "--proposer",
-                        "random", "--max-experiments", str(args.runs - 1), "--sandbox", args.sandbox], cwd=repo,
+                        "random", "--max-experiments", str(args.runs - 1), "--sandbox", args.sandbox,
+                        "--baseline-runs", "1", "--confirm", "0"], cwd=repo,
                        env=env, check=True, capture_output=True)
         events = [json.loads(line) for line in (repo / "events.jsonl").read_text().splitlines()]
         agent = [e["wall_seconds"] for e in events if e["event"] == "experiment"]

@@ -28,6 +28,7 @@ Memory on one 80 GB GPU with Qwen2.5-0.5B (~0.5B parameters, vocabulary 151,936)
   summary reports the real figure. On CPU everything runs in float32 without autocast.
 """
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ KL_COEF = 0.04               # beta of the KL penalty to the frozen reference (D
 PPO_EPOCHS = 1               # optimiser passes over each batch of rollouts (ratio = 1 on the first pass)
 MICRO_BATCH = 16             # sequences per forward/backward in the loss pass (bounds the logits' memory)
 ADV_EPS = 1e-4               # added to the group std so that a group of identical rewards gives advantage 0
-SEED = 42
+SEED = int(os.environ.get("AUTORESEARCH_SEED", "42"))   # sampling and data order; the harness varies it between runs
 
 # ---------------------------------------------------------------------------
 # GRPO

@@ -7,7 +7,6 @@ never passes --no-verify, and knows nothing of the ledger.
 
 import fcntl
 import os
-import tarfile
 import hashlib
 from pathlib import Path
 
@@ -55,13 +54,20 @@ def global_config(repo):
     path = git_dir(repo).resolve() / "autoresearch" / "global.gitconfig"
     if path not in _global_copies:
         named = os.environ.get("GIT_CONFIG_GLOBAL")
-        xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "config"
-        sources = [Path(named)] if named else [xdg, Path.home() / ".gitconfig"]
+        sources = [Path(named)] if named else user_configs()[:2]
         text = "".join(p.read_text(errors="replace") + "\n" for p in sources if p.is_file())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         _global_copies[path] = text
     return path
+
+
+def user_configs():
+    """Your own git files that can make git run a program or change what it writes: $XDG_CONFIG_HOME/git/config,
+    ~/.gitconfig and $XDG_CONFIG_HOME/git/attributes (filters). Without the sandbox the guard checks them around
+    every run."""
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git"
+    return [xdg / "config", Path.home() / ".gitconfig", xdg / "attributes"]
 
 
 def repo_rel(repo, path):
@@ -169,29 +175,31 @@ def open_stage(repo, path, commit):
     """The harness's detached worktree at `path`, checked out (forced, clean) at `commit`: candidate commits are
     made there with `git commit`, so hooks run, and the user's checkout is never switched or written."""
     path = Path(path)
-    if not (path / ".git").exists():
-        repo.git.worktree("prune")
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if not (path / ".git").exists():       # -f: also when a removed stage is still registered (never `worktree prune`,
+        path.parent.mkdir(parents=True, exist_ok=True)   # which would drop your worktrees on an unmounted drive)
         repo.git.worktree("add", "-f", "--detach", str(path), commit)
     stage = harden(git.Repo(path))
+    (Path(stage.git_dir) / "index.lock").unlink(missing_ok=True)   # left by a kill mid-commit; we hold the repo lock
     stage.git.checkout("-q", "-f", "--detach", commit)
     return stage
 
 
 def export_commit(repo, commit, rel, dest):
     """Write the files of `commit`'s subtree `rel` ("" for the root) into the new directory dest: exactly the
-    committed files, no .git, nothing untracked. Returns dest."""
+    committed bytes (read as blobs, so no filter, `export-subst` or other attribute of your config or of the
+    repository can change what is measured), no .git, nothing untracked. Executable bits are kept; symbolic links and
+    submodules are left out. Returns dest."""
     dest = Path(dest)
     dest.mkdir(parents=True)
-    archive = dest / ".export.tar"
-    with open(archive, "wb") as f:
-        repo.archive(f, treeish=f"{commit}:{rel}" if rel else commit, format="tar")
-    with tarfile.open(archive) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")     # no absolute paths, no links out of dest
-        else:                                       # Python < 3.10.12: git archive writes no such members
-            tar.extractall(dest)
-    archive.unlink()
+    tree = repo.commit(commit).tree
+    for item in (tree / rel if rel else tree).traverse():
+        if item.type != "blob" or item.mode & 0o170000 != 0o100000:     # trees, links, submodules
+            continue
+        path = dest / (item.path[len(rel) + 1:] if rel else item.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(item.data_stream.read())
+        if item.mode & 0o111:
+            path.chmod(0o755)
     return dest
 
 
@@ -202,5 +210,9 @@ def advance_branch(repo, branch, new, old):
 
 
 def file_at(repo, commit, rel):
-    """The text of file rel at commit (`git show commit:rel`)."""
-    return (repo.commit(commit).tree / rel).data_stream.read().decode("utf-8")
+    """The text of file rel at commit (`git show commit:rel`); SetupError if it is not UTF-8."""
+    try:
+        return (repo.commit(commit).tree / rel).data_stream.read().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SetupError(f"{rel} at commit {commit[:7]} is not UTF-8 text ({e}): commit it as UTF-8 (and start a new "
+                         "--tag from that commit)") from None

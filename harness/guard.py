@@ -2,10 +2,11 @@
 HARNESS: what a run may not change outside its run directory, checked around every run. Before: the repository's
 refs and HEAD, the tracked files already modified in the user's checkout, and the bytes of the harness's own files
 (results.tsv, events.jsonl, the pristine evaluator, .git/config, .git/hooks, .git/info: what would make git run a
-program). After: anything different is named, and what the harness owns is put back (its own
-files, refs, a tracked file that was clean before the run). Inside the bubblewrap sandbox none of this is even
-visible to the run; without it (macOS, no user namespaces) this is the protection. It never touches a file the user
-had modified before the run: a change to one is reported, not undone.
+program). After: what the harness owns is put back (its own files, the autoresearch refs, the frozen files) and
+named. The user's own work is never reverted: you may keep working (commit, stash, switch branches, edit program.md) while a run trains.
+Inside the bubblewrap sandbox the run cannot even see the repository, so a change to your refs or checkout is yours
+and is ignored; without it (macOS, no user namespaces) such a change is reported (the run is rejected, since the
+harness cannot tell who made it) and left as it is.
 """
 
 import dataclasses
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from harness.gitops import changed_files
 
+HARNESS_REFS = ("refs/heads/autoresearch/", "refs/autoresearch/")    # the ratchet branches and candidate refs
+
 
 @dataclasses.dataclass
 class Snapshot:
@@ -23,6 +26,10 @@ class Snapshot:
     dirty: dict             # rel path -> sha256 of the tracked files that differed from HEAD before the run
     own: dict               # Path -> bytes of the harness's own files (None: did not exist)
     dirs: dict              # Path -> set of the file names in a directory the harness owns whole (git hooks)
+
+    def appended(self, path, text):
+        """The harness itself appended text to its own file `path` since the snapshot (an event): expect it."""
+        self.own[Path(path)] = (self.own.get(Path(path)) or b"") + text.encode("utf-8")
 
 
 def take(repo, own_files, own_dirs=()):
@@ -35,30 +42,44 @@ def take(repo, own_files, own_dirs=()):
                     own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
-def check(repo, snap):
+def check(repo, snap, sandboxed=False, frozen=()):
     """Compare with the snapshot, restore what the harness owns, and return a list of what the run changed
-    (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"]."""
+    (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"].
+    sandboxed: the run could not see the repository, so changes to your refs and checkout are yours: not listed.
+    frozen: the target's frozen files (repository paths): never yours to edit, so restored from HEAD when they were
+    clean before the run."""
     found = []
     now = _refs(repo)
     for ref in sorted(set(snap.refs) | set(now)):
         before, after = snap.refs.get(ref), now.get(ref)
         if before == after:
             continue
-        if before is None:
+        if not ref.startswith(HARNESS_REFS):         # yours (a commit, a stash, a new branch): never undone
+            if not sandboxed:
+                found.append(f"{'created' if before is None else 'moved' if after else 'deleted'} {ref} (not undone)")
+        elif before is None:
             repo.git.update_ref("-d", ref, after)
             found.append(f"created {ref} (deleted)")
         else:
             repo.git.update_ref(ref, before)
             found.append(f"{'moved' if after else 'deleted'} {ref} (restored)")
+    if sandboxed:
+        return found + _check_own(snap)
     if _head(repo) != snap.head:
         found.append(f"switched the checkout's HEAD from {snap.head} to {_head(repo)} (not undone: `git switch` back)")
     root = Path(repo.working_tree_dir)
     for rel in changed_files(repo):
-        if rel not in snap.dirty:
+        if rel in frozen and rel not in snap.dirty:
             repo.git.checkout("HEAD", "--", rel)
             found.append(f"modified {rel} in your checkout (restored from HEAD)")
-        elif _sha(root / rel) != snap.dirty[rel]:
-            found.append(f"modified {rel}, which you had edited, in your checkout (not undone: check it)")
+        elif rel not in snap.dirty or _sha(root / rel) != snap.dirty[rel]:
+            found.append(f"modified {rel} in your checkout (not undone: check it)")
+    return found + _check_own(snap)
+
+
+def _check_own(snap):
+    """Put the harness's own files back as they were; what was changed, as in check()."""
+    found = []
     for path, data in snap.own.items():
         current = path.read_bytes() if path.is_file() else None
         if current != data:

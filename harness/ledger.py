@@ -73,8 +73,13 @@ def log_event(path, tag, event, **fields):
     """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
     Returns the record (unredacted dict)."""
     record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": event, "tag": tag, **fields}
-    append_line(path, json.dumps(redact_all(record)))
+    append_line(path, event_line(record))
     return record
+
+
+def event_line(record):
+    """The line of events.jsonl that log_event writes for record (without its newline)."""
+    return json.dumps(redact_all(record))
 
 
 def repair_last_line(path, complete):
@@ -372,7 +377,8 @@ def tag_state(all_events, tag):
     pending = mine[last_done + 1:]          # the events of an interrupted iteration, if any
     runs = [e for e in pending if e.get("event") == "run"]
     in_flight = bool(runs) and not any(e.get("event") == "run_end" and e.get("n") == runs[-1]["n"]
-                                       and e.get("attempt") == runs[-1]["attempt"] for e in pending)
+                                       and e.get("attempt") == runs[-1]["attempt"]
+                                       and e.get("run", 0) == runs[-1].get("run", 0) for e in pending)
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),

@@ -9,12 +9,15 @@ import re
 from harness.ledger import results_row
 
 HISTORY_ROWS = 60               # newer rows shown in full; older ones are summarised
+NEAR_MISSES = 10                # the newest discards within the noise margin, listed apart as ideas to combine
 
 SYSTEM_PROMPT = """\
 You are an autonomous ML researcher. You improve a training script, train.py, one experiment at a time.
 Each experiment trains for a fixed time budget of {budget:g} seconds and is judged by {metric}
-({goal} is better), computed by the frozen evaluation in prepare.py. An edit is kept only if it strictly
-improves {metric}; otherwise it is reverted. Only train.py may change: prepare.py and its evaluation are
+({goal} is better), computed by the frozen evaluation in prepare.py. Runs are noisy (the seed of init and
+data order changes from run to run): an edit is kept only if it beats the best {metric} by more than a noise
+margin, confirmed by a second run with another seed; otherwise it is reverted. A train.py identical to one
+already measured is refused. Only train.py may change: prepare.py and its evaluation are
 read-only, and train.py must not write to any file but its own outputs.
 
 Answer with exactly one idea, in this plain-text format and nothing else:
@@ -44,7 +47,9 @@ PROPOSE_PROMPT = """\
 {train}
 ```
 
-Propose the next experiment: one idea, as a DESCRIPTION line and SEARCH/REPLACE blocks against this train.py."""
+Propose the next experiment: one idea, as a DESCRIPTION line and SEARCH/REPLACE blocks against this train.py. Do
+not repeat an idea the history shows; end the DESCRIPTION with the earlier experiments the idea builds on, e.g.
+"(builds on #4, #9)", or "(new)"."""
 
 FIX_PROMPT = """\
 The experiment "{description}" crashed ({reason}). The last lines of its run.log:
@@ -88,17 +93,30 @@ def goal_word(goal):
     return "lower" if goal == "min" else "higher"
 
 
-def format_history(history, metric):
-    """A tag's "experiment" events as a table; beyond HISTORY_ROWS, older rows are summarised (their kept ones
-    listed)."""
+def format_history(history, metric, margin=0.0):
+    """A tag's "experiment" events as a table with each one's change vs the best it was measured against (delta);
+    beyond HISTORY_ROWS, older rows are summarised (their kept ones listed); then the near-misses: discards that
+    came within the noise margin of their base, the newest NEAR_MISSES, as ideas to combine."""
     if not history:
         return "(none yet)"
     old, new = history[:-HISTORY_ROWS], history[-HISTORY_ROWS:]
-    lines = [f"n\tcommit\t{metric}\tmemory_gb\tstatus\tdescription"]
+    lines = [f"n\tdelta\tcommit\t{metric}\tmemory_gb\tstatus\tdescription"]
     if old:
         counts = collections.Counter(e["status"] for e in old)
         lines.append(f"({len(old)} older experiments: {counts['keep']} keep, {counts['discard']} discard, "
                      f"{counts['crash']} crash; their kept ones:)")
         new = [e for e in old if e["status"] == "keep"] + new
-    lines += [f"{e['n']}\t{results_row(e)}" for e in new]
+    lines += [f"{e['n']}\t{delta(e)}\t{results_row(e)}" for e in new]
+    near = [e for e in history if e["status"] == "discard" and delta(e) != "-"
+            and abs(e["metric"] - e["base_metric"]) <= margin][-NEAR_MISSES:]
+    if near:
+        lines.append(f"\nNear-misses (discarded within the noise margin {margin:.6f} of their base: worth combining):")
+        lines += [f"#{e['n']} ({delta(e)}): {e['description']}" for e in near]
     return "\n".join(lines)
+
+
+def delta(e):
+    """An experiment's metric minus that of the best it was measured against ("-" for the baseline and crashes)."""
+    if e["n"] == 0 or e["status"] == "crash" or e.get("base_metric") is None:
+        return "-"
+    return f"{e['metric'] - e['base_metric']:+.6f}"

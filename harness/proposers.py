@@ -57,6 +57,7 @@ class Proposer:
     profile: str | None = None
     on_retry: Callable | None = None
     ping: Callable | None = None            # the LLM provider's smallest request: () -> Reply, one attempt
+    asked: dict = dataclasses.field(default_factory=dict)  # random/grid: experiment n -> perturbations asked for it
 
     @property
     def is_llm(self):
@@ -66,7 +67,7 @@ class Proposer:
     def ask(self, system, messages, train_src, n):
         """One answer: the LLM's (transient errors retried, see call_with_retries), or a perturbation."""
         if self.call is None:
-            attempt = sum(m["role"] == "assistant" for m in messages)      # a repair asks for another choice
+            self.asked[n] = attempt = self.asked.get(n, -1) + 1    # a repair or a retry asks for another choice
             return Reply(perturb(train_src, self.name, n, self.args.seed, self.args.tag, self.profile, attempt))
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,7 +69,9 @@ class Session:
     started: float = dataclasses.field(default_factory=time.monotonic)
     recent_failures: collections.deque = dataclasses.field(default_factory=collections.deque)
     last: str = "-"
+    noise_sd: float | None = None       # the spread of the baseline's runs (None: one run)
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
+    recorded: bool = False              # `try`: this invocation's experiment is recorded
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
 
     @property
@@ -107,6 +110,8 @@ class Session:
             best = f"{self.best_metric:.6f}"
             if self.baseline_metric:
                 best += f" ({100 * (self.best_metric - self.baseline_metric) / abs(self.baseline_metric):+.2f}%)"
+            if self.noise_sd:
+                best += f" noise sd {self.noise_sd:.4f}"
         console.status(f"exp {n} | {phase} | best {best} | last {self.last} | "
                        f"{(self.input_tokens + self.output_tokens) / 1000:.1f}k tok ${self.cost_usd:.2f} | "
                        f"{console.fmt_duration(time.monotonic() - self.started)}")
@@ -148,7 +153,11 @@ def commit_candidate(s, n, source, message, attempt=0, amend=None):
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
     body = f"{message}\n\nautoresearch: tag {s.args.tag}, experiment {n}"
-    commit = gitops.commit_file(stage, s.train_rel, body, amend=amend is not None)
+    commit = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None)
+    if (s.repo.commit(commit).tree / s.train_rel).hexsha != git_blob_sha(source.encode()):
+        raise Stop(f"the candidate commit {commit[:7]} holds another train.py than the one proposed: a git filter "
+                   "(filter.*.clean in your git config, with a .gitattributes or info/attributes line) rewrote it; "
+                   "remove that filter, then rerun")
     changed = s.repo.git.diff("--name-only", s.best_commit, commit).split()
     if changed != [s.train_rel]:                     # a hook (or a planted one) added files to the commit
         raise Stop(f"the candidate commit {commit[:7]} changes {', '.join(changed) or 'nothing'}, not only "
@@ -159,24 +168,30 @@ def commit_candidate(s, n, source, message, attempt=0, amend=None):
     return commit
 
 
-def train_candidate(s, n, attempt, commit):
+def train_candidate(s, n, attempt, commit, run=0):
     """Run `commit` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
     separate evaluation, the guard's check of everything outside the run dir; then the run dir is removed, its log
-    kept in logs/ and copied to <target>/run.log. Logs "run" and "run_end". Returns the runner's Outcome."""
-    run_dir = s.home / "runs" / f"{n:04d}-{attempt}"
+    kept in logs/ and copied to <target>/run.log. Logs "run" and "run_end". run: the run's index among the repeated
+    runs of one commit (baseline runs, confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run). Returns
+    the runner's Outcome."""
+    name, seed = f"{n:04d}-{attempt}" + (f"-r{run}" if run else ""), seed_of(n, run)
+    run_dir = s.home / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
     gitops.export_commit(s.repo, commit, s.target_rel, run_dir)
-    log = s.home / "logs" / f"{n:04d}-{attempt}.log"
+    log = s.home / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    snapshot = []
+    own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
+           *(s.home / "frozen").rglob("*.py")]
+    git_dir, dirs = gitops.git_dir(s.repo), []
+    if s.wrap is None:           # and what would make git run a program of the run's (in the sandbox: unreachable,
+        own += [git_dir / "config", gitops.global_config(s.repo), *gitops.user_configs()]   # so yours to change)
+        dirs = [git_dir / "hooks", git_dir / "info"]
+    snapshot = [guard.take(s.repo, own, dirs)]      # before the run starts: its very first write is seen too
 
     def on_start(pgid):
-        s.log("run", n=n, attempt=attempt, commit=commit[:7], pgid=pgid, timeout_s=s.timeout, cwd=str(run_dir),
-              sandbox=s.args.sandbox if s.wrap is not None else "off")
-        git_dir = gitops.git_dir(s.repo)                   # and what would make git run a program of the run's
-        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
-               *(s.home / "frozen").rglob("*.py"), git_dir / "config", gitops.global_config(s.repo)]
-        snapshot.append(guard.take(s.repo, own, [git_dir / "hooks", git_dir / "info"]))
+        record = s.log("run", n=n, attempt=attempt, run=run, seed=seed, commit=commit[:7], pgid=pgid,
+                       timeout_s=s.timeout, cwd=str(run_dir), sandbox=s.args.sandbox if s.wrap is not None else "off")
+        snapshot[0].appended(s.target / ledger.EVENTS, ledger.event_line(record) + "\n")   # ours, nothing else
 
     evaluation = None
     if s.evaluation is not None:
@@ -186,7 +201,7 @@ def train_candidate(s, n, attempt, commit):
             wrap=(lambda argv: s.wrap(argv, run_dir, evaluator=True)) if s.wrap else (lambda argv: argv))
     spec = runner.RunSpec(
         commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
-        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}",
+        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
              "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
              **s.sandbox_env},
         wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
@@ -197,18 +212,24 @@ def train_candidate(s, n, attempt, commit):
     try:
         outcome = runner.run(spec)
     finally:                                                   # also on Ctrl-C
-        problems = guard.check(s.repo, snapshot[0]) if snapshot else []
+        problems = guard.check(s.repo, snapshot[0], sandboxed=s.wrap is not None, frozen=s.frozen_rels)
         shutil.rmtree(run_dir, ignore_errors=True)
         if log.exists():
             shutil.copyfile(log, s.target / RUN_LOG)
     if problems:
         outcome.metric, outcome.reason = None, "rejected: the run " + "; ".join(problems)
-    s.log("run_end", n=n, attempt=attempt, commit=commit[:7], returncode=outcome.returncode,
+    s.log("run_end", n=n, attempt=attempt, run=run, commit=commit[:7], returncode=outcome.returncode,
           timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
           metric=outcome.metric, own_metric=outcome.own_metric, eval_seconds=round(outcome.eval_seconds, 3),
           frozen_tampered=outcome.tampered, outside=problems, log=str(log),
           log_tail=outcome.log_tail if outcome.metric is None else "")
     return outcome
+
+
+def seed_of(n, run):
+    """The seed of run `run` of experiment n: distinct for every run of a tag, so that repeated runs measure the
+    spread that init and data order cause (the noise floor), and the same on a resume."""
+    return 1000 * n + run
 
 
 def max_wall(s):
@@ -226,10 +247,15 @@ def advance_branch(s, commit):
     gitops.advance_branch(s.repo, s.branch, commit, s.best_commit)
 
 
-def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None):
+def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None, runs=(), noise_sd=None):
     """Log the "experiment" event (tokens, $ and LLM seconds since spent0; fix_of: the experiment whose crashed
-    candidate `try --fix` amended), then append the results.tsv row derived from it, then print one line."""
+    candidate `try --fix` amended), then append the results.tsv row derived from it, then print one line. runs: the
+    metrics of every measured run of this commit (baseline runs, confirmations) when more than one: the event's
+    metric is their mean and the description says how many; noise_sd: the baseline's spread."""
     idea = redact(description)
+    if len(runs) > 1:
+        outcome = dataclasses.replace(outcome, metric=statistics.fmean(runs))
+        description = f"{description} ({len(runs)} runs)"
     if outcome.reason:
         description = clean_description(f"{description} ({outcome.reason})")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
@@ -240,7 +266,9 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
                   budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric,
-                  idea=idea, reason=redact(outcome.reason), fix_of=fix_of)
+                  idea=idea, reason=redact(outcome.reason), fix_of=fix_of, sandbox=s.wrap is not None,
+                  runs=list(runs) or None,
+                  noise_sd=noise_sd)
     gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
     s.history.append(event)
@@ -261,7 +289,9 @@ def note_text(event, metric):
     delta = (f" ({event['metric'] - base:+.6f} vs its base {event['base'][:7]} at {base:.6f})"
              if base is not None and event["status"] != "crash" and event["n"] > 0 else "")
     fixes = f", {event['fixes']} fix(es)" if event.get("fixes") else ""
-    line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; 1 run{fixes}; "
+    runs = len(event.get("runs") or [0])
+    line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; {runs} "
+            f"run{'s' if runs > 1 else ''}{fixes}; "
             f"memory {event['memory_gb']:.1f} GB; {event['wall_seconds']:.0f} s")
     return line if event["status"] == "keep" else f"{line}\n{event['description']}"
 
@@ -293,9 +323,14 @@ def open_session(args):
                 timeout=args.timeout or default_timeout(budget), best_commit="",
                 best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
+                noise_sd=history[0].get("noise_sd") if history else None,
                 cost_usd=state.cost_usd, input_tokens=state.input_tokens,
                 output_tokens=state.output_tokens, home=gitops.harness_dir(repo, args.tag))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
+    owner = s.home / "target"          # one tag, one target: the branch and the harness dir are per repository
+    if owner.is_file() and owner.read_text() != s.target_rel:
+        raise SetupError(f"tag {args.tag!r} belongs to the target {owner.read_text() or '(the repository root)'!r} of "
+                         "this repository; pick another --tag for this target")
     if state.stale_run is not None:
         runner.kill_stale_run(state.stale_run["pgid"], state.stale_run.get("cwd") or target)
     for name, fragment in torn:
@@ -345,6 +380,13 @@ def open_session(args):
     if args.command == "try" and not args.baseline and not history:
         raise SetupError(f"tag {args.tag!r} has no baseline yet: run `uv run agent.py try --tag {args.tag} --baseline` "
                          "first")
+    if args.command == "try" and args.baseline and history:
+        raise SetupError(f"tag {args.tag!r} already has its baseline ({describe(history[0], s.metric)}): edit "
+                         f"train.py and run `uv run agent.py try --tag {args.tag} -m \"<idea>\"`")
+    if args.command == "try" and args.baseline and here != file_at_bytes(s, best):
+        raise SetupError(f"train.py in your checkout differs from the committed one ({best}), which the baseline "
+                         "measures: commit it first (then it is the baseline), or move it aside (`git stash`), then "
+                         "rerun")
 
     # 2. the branch: create it, or find the best commit of a resumed one
     if branch not in repo.heads:
@@ -368,6 +410,9 @@ def open_session(args):
     s.synced = next((e["commit"] for e in reversed(all_events)
                      if e.get("tag") == args.tag and e.get("event") == "synced"), None)
 
+    owner.parent.mkdir(parents=True, exist_ok=True)
+    owner.write_text(s.target_rel)
+
     # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest (and no run dir
     #    left by a killed agent: we hold the lock and killed its run)
     shutil.rmtree(s.home / "runs", ignore_errors=True)
@@ -375,6 +420,10 @@ def open_session(args):
                           and e.get("base")), s.best_commit)
     export_frozen(s)
     setup_sandbox(s)
+    if history and history[0].get("sandbox") and s.wrap is None:   # one sandbox rule per tag, like one budget
+        raise SetupError(f"tag {args.tag!r} was measured inside the sandbox and this run would be without it "
+                         f"(--sandbox {args.sandbox}): its numbers would not be held to the same rules. Run it with "
+                         "--sandbox auto or bwrap (bubblewrap installed), or start a new --tag")
     if "METRIC_TOLERANCE" in constants:
         s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
         s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model

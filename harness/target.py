@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from harness import console
-from harness.errors import SetupError
+from harness.errors import SetupError, Stop
 from harness.redact import clean_env
 
 FROZEN = ("prepare.py",)                                 # files of a target that train.py may never change
@@ -34,7 +34,12 @@ def check_target(target):
     missing = [f for f in TARGET_FILES if not (target / f).is_file()]
     if missing:
         raise SetupError(f"{target} is not an autoresearch target: missing {', '.join(missing)} "
-                         "(a target holds program.md, a frozen prepare.py and a mutable train.py)")
+                         "(a target holds program.md, a frozen prepare.py and a mutable train.py); if you deleted "
+                         "train.py, `git checkout -- train.py` brings it back")
+    links = [f for f in FROZEN + ("train.py",) if (target / f).is_symlink()]
+    if links:
+        raise SetupError(f"{', '.join(links)} in {target} is a symbolic link: the experiments commit and run regular "
+                         "files; replace it by the file itself")
 
 
 def read_literals(path):
@@ -98,7 +103,8 @@ def run_prepare(target, flag, timeout):
 def ensure_prepared(target, source=None):
     """`prepare.py --check`, and when it fails (a fresh machine), prepare.py itself: the default data for this device
     class, or `--source PATH`, with its progress on the terminal; then the check again. Returns the check's stdout;
-    SetupError with prepare.py's own message when the data cannot be prepared (offline, a cache prepared otherwise)."""
+    raises Stop (prepare.py's own message is above it) when the data cannot be prepared (offline, a cache prepared
+    otherwise)."""
     try:
         ready = run_prepare(target, "--check", timeout=600)
         if source is not None:
@@ -110,7 +116,7 @@ def ensure_prepared(target, source=None):
     argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else [])
     console.say(f"no prepared data ({missing[:200]}); preparing it now: {' '.join(['prepare.py', *argv[2:]])}")
     if subprocess.run(argv, cwd=target, env=clean_env()).returncode != 0:    # its output and progress go to you
-        raise SetupError("preparing the data failed (prepare.py's message is above). Fix that and rerun, or prepare "
+        raise Stop("preparing the data failed (prepare.py's message is above). Fix that and rerun, or prepare "
                          "it yourself first (`uv run prepare.py --help`; offline: `uv run prepare.py --source PATH`), "
                          "or pass --source PATH")
     return run_prepare(target, "--check", timeout=600)

@@ -11,7 +11,9 @@ metric is 3 - val_bpb.
 
 import git
 
-SECRET = "sk-test-DO-NOT-LOG-1234567890"   # the API key the tests put in the environment: never logged
+SECRET = "sk-test-DO-NOT-LOG-1234567890"
+# one run per experiment and the strict ratchet (karpathy's): the tests that assert exact rows and counts use these
+STRICT = ["--baseline-runs", "1", "--confirm", "0"]   # the API key the tests put in the environment: never logged
 
 PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
 import hashlib
@@ -53,7 +55,7 @@ if __name__ == "__main__":
     elif "--evaluate" in sys.argv:
         model = json.loads(Path(sys.argv[sys.argv.index("--evaluate") + 1]).read_text())
         print("---")
-        print(f"{metric}: {{score(model['LR'], model['DEPTH'], model.get('memorized')):.6f}}")
+        print(f"{metric}: {{score(model['LR'], model['DEPTH'], model.get('memorized')) + model.get('offset', 0):.6f}}")
         print(f"frozen_inputs: {{frozen_inputs()['digest']}}")
     else:                                  # prepare: --source PATH must exist
         if "--source" in sys.argv and not Path(sys.argv[sys.argv.index("--source") + 1]).exists():
@@ -86,6 +88,68 @@ print(f"{metric}:          {{{value}:.6f}}")
 print(f"peak_vram_mb:     {{DEPTH * 256:.1f}}")
 print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 '''
+
+
+NOISY_TRAIN = '''"""MUTABLE: test stand-in whose val_bpb is 1.0 - gain + Gaussian noise of sd 0.01 seeded by AUTORESEARCH_SEED
+(what a different init and data order do to a real run). Its 30 constants change nothing: a random proposal is a
+no-op, and there are 120 different ones."""
+import json
+import os
+import random
+
+C00 = 1.0
+C01 = 1.1
+C02 = 1.2
+C03 = 1.3
+C04 = 1.4
+C05 = 1.5
+C06 = 1.6
+C07 = 1.7
+C08 = 1.8
+C09 = 1.9
+C10 = 2.0
+C11 = 2.1
+C12 = 2.2
+C13 = 2.3
+C14 = 2.4
+C15 = 2.5
+C16 = 2.6
+C17 = 2.7
+C18 = 2.8
+C19 = 2.9
+C20 = 3.0
+C21 = 3.1
+C22 = 3.2
+C23 = 3.3
+C24 = 3.4
+C25 = 3.5
+C26 = 3.6
+C27 = 3.7
+C28 = 3.8
+C29 = 3.9
+gain = 0.0
+salt = {salt}                                     # another salt: another draw of the noise (an independent universe)
+
+noise = random.Random(f"{{salt}}:{{os.environ.get('AUTORESEARCH_SEED', '0')}}").gauss(0.0, 0.01)
+offset = -gain + noise - 0.008                   # the evaluator scores LR 0.05, DEPTH 8 as 1.008
+with open(os.environ["AUTORESEARCH_ARTIFACT"], "w") as f:
+    json.dump({{"LR": 0.05, "DEPTH": 8, "offset": offset}}, f)
+print("---")
+print(f"val_bpb:          {{1.0 + offset + 0.008:.6f}}")
+print("peak_vram_mb:     512.0")
+print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
+'''
+NOISE_SD = 0.01
+
+
+def make_noisy_target(root, salt=0):
+    """make_target with NOISY_TRAIN as train.py (committed on main), its noise drawn with this salt; returns the
+    target dir."""
+    target = make_target(root)
+    (target / "train.py").write_text(NOISY_TRAIN.format(salt=salt))
+    repo = git.Repo(root)
+    repo.git.commit("-qam", "noisy train.py")
+    return target
 
 
 def make_target(root, metric="val_bpb", goal="min", subdir=""):

@@ -46,7 +46,7 @@ def one(target, answer, mode, *extra):
     """Run the baseline and this one answer; returns (row fields of the experiment, its run_end event)."""
     with ScriptedLLM([answer] + NO_FIX) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1", "--sandbox", mode, *extra) == 0
-    assert rows(target)[0] == baseline_row(target)
+    assert rows(target)[0].split("\t")[1:] == baseline_row(target).split("\t")[1:]   # main may hold a run's commit
     return rows(target)[1].split("\t"), events(target, "run_end")[-1]
 
 
@@ -100,12 +100,12 @@ def test_git_commits_from_the_run_never_reach_the_branch(target, mode):
             f"subprocess.run(['git', '-C', {repo!r}, 'update-ref', 'refs/heads/autoresearch/t', 'HEAD'])")
     main_before = sha(target, "main")
     row, end = one(target, inject("commit from inside", code), mode)
-    assert sha(target, "main") == main_before and sha(target, "autoresearch/t") == main_before
-    assert "forged" not in git.Repo(target).git.log("--all", "--format=%s")  or mode == "off"
-    if mode == "off":
-        assert row[3] == "crash" and "moved refs/heads/main (restored)" in row[4]
+    assert sha(target, "autoresearch/t") == main_before
+    if mode == "off":       # the harness cannot tell the run's commit from one of yours: reported, never undone
+        assert row[3] == "crash" and "moved refs/heads/main (not undone)" in row[4]
+        assert git.Repo(target).git.log("-1", "--format=%s", "main") == "forged"
     else:
-        assert row[1:4] == ["1.108000", "2.0", "discard"]
+        assert row[1:4] == ["1.108000", "2.0", "discard"] and sha(target, "main") == main_before
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)

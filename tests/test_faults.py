@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import report
-from agent_target import edit
+from agent_target import STRICT, edit
 from harness import console, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
@@ -199,7 +199,7 @@ def test_cost_limit_with_an_unpriced_model_warns_at_start(target, capsys):
 def start_in_own_group(target, llm):
     """agent.py as the leader of its own process group, as a terminal's foreground job is."""
     argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60",
-            "--proposer", "anthropic", "--base-url", llm.anthropic_url]
+            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

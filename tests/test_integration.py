@@ -17,7 +17,7 @@ def test_agent_runs_the_grpo_target_with_the_random_proposer(grpo_repo):
     repo_dir, repo = target.parent, git.Repo(target.parent)
 
     result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--target", str(repo_dir / "grpo"), "--tag", "rl",
-                             "--proposer", "random", "--max-experiments", "2"],
+                             "--proposer", "random", "--max-experiments", "2", "--baseline-runs", "1"],
                             cwd=repo_dir, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight" in result.stdout

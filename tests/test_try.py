@@ -5,6 +5,8 @@ in the checkout as an agent would, runs `try`, and checks the verdict block, the
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import git
@@ -12,14 +14,14 @@ import pytest
 
 import agent
 import report
-from agent_target import edit
+from agent_target import SECRET, STRICT, edit
 from llm_server import ScriptedLLM
-from test_agent import events, rows, sha, tree_is_clean
+from test_agent import AGENT, events, rows, sha, tree_is_clean, wait_for_run
 
 
 def try_(target, *extra):
     """`agent.py try --tag t` in-process; returns its exit code."""
-    return agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", *extra])
+    return agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, *extra])
 
 
 def set_lr(target, lr):
@@ -32,7 +34,7 @@ def set_lr(target, lr):
 
 def block(out):
     """The verdict block's key: value lines as a dict."""
-    lines = out.split("---\n")[-2].splitlines()
+    lines = [part for part in out.split("---\n") if part.startswith("experiment:")][-1].splitlines()
     return dict(line.split(":", 1) for line in lines if ":" in line and not line.startswith(" "))
 
 
@@ -127,7 +129,7 @@ def test_try_and_the_loop_share_one_tag(target, capsys, tmp_path):
     assert try_(target, "-m", "LR 0.07") == 0
     capsys.readouterr()
     with ScriptedLLM([edit("shallower", "DEPTH = 8", "DEPTH = 2"), edit("deeper", "DEPTH = 2", "DEPTH = 3")]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "4"]) == 0
     assert "3 experiments so far" in capsys.readouterr().out  # the checkout's train.py is a measured one: accepted
     history = events(target, "experiment")
@@ -170,10 +172,145 @@ def test_the_loop_sends_a_duplicate_back_to_the_llm_with_the_earlier_number(targ
     shallower = edit("shallower", "DEPTH = 8", "DEPTH = 2")
     lower = edit("lower LR", "LR = 0.05", "LR = 0.03")
     with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05"), lower, lower, shallower]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "3"]) == 0
     repair = events(target, "repair")
     assert len(repair) == 1 and repair[0]["n"] == 3 and repair[0]["error"].startswith(
         "the resulting train.py is byte-identical to experiment #2 (discard, val_bpb 1.208000: lower LR)")
     assert "byte-identical to experiment #2" in llm.requests[-1][1]["messages"][-1]["content"]
     assert [e["description"] for e in events(target, "experiment")] == ["baseline", "raise LR", "lower LR", "shallower"]
+
+
+# ---------------------------------------------------------------------------
+# Found by a hostile tester of `try`: each a test
+# ---------------------------------------------------------------------------
+
+
+def start_try(target, *extra):
+    """`agent.py try --tag t` as a separate process (so that the test can act while it trains)."""
+    argv = [sys.executable, str(AGENT), "try", "--tag", "t", "--target", str(target), "--timeout", "60", *STRICT,
+            *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_your_work_during_a_run_is_never_undone(target, sandbox):
+    """Steering program.md, committing on main, stashing, editing the next idea in train.py while `try` trains: all
+    of it stays. Inside the sandbox it is not the run's doing, so the run is judged normally; without the sandbox
+    the harness cannot tell, so the run is rejected, but still nothing of yours is reverted."""
+    assert try_(target, "--baseline", "--sandbox", sandbox) == 0
+    repo = git.Repo(target)
+    set_lr(target, 0.05)
+    text = (target / "train.py").read_text()
+    (target / "train.py").write_text(text.replace("SLEEP = 0.0", "SLEEP = 3.0"))
+    proc = start_try(target, "-m", "raise LR, slowly", "--sandbox", sandbox)
+    wait_for_run(target, 1, proc)
+    (target / "program.md").write_text("steer: try DEPTH next\n")
+    (target / "notes.md").write_text("mine\n")
+    repo.git.add("notes.md")
+    repo.git.commit("-qm", "my notes")
+    mine = repo.head.commit.hexsha
+    (target / "train.py").write_text(text.replace("WARMUP = 0.1", "WARMUP = 0.5"))      # the next idea, early
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (target / "program.md").read_text() == "steer: try DEPTH next\n"
+    assert sha(target, "main") == mine and (target / "notes.md").read_text() == "mine\n"
+    assert "WARMUP = 0.5" in (target / "train.py").read_text()          # not overwritten by the best
+    assert "changed by you during the run: left as it is" in out
+    status = value(out, "status")
+    assert status == ("keep" if sandbox == "auto" else "crash"), out
+    if sandbox == "off":
+        assert "(not undone" in events(target, "experiment")[1]["description"]
+
+
+def test_a_git_filter_cannot_change_what_is_measured(target, capsys):
+    """A smudge filter (from your config and info/attributes, or one a run wrote there) would rewrite train.py or
+    prepare.py on export; runs are exported from the blobs. A clean filter that rewrites the commit stops."""
+    assert try_(target, "--baseline") == 0
+    repo = git.Repo(target)
+    (Path(repo.git_dir) / "info" / "attributes").write_text("train.py filter=x\nprepare.py filter=x\n")
+    repo.git.config("filter.x.smudge", "sed s/^DEPTH\\ =\\ 8/DEPTH\\ =\\ 0/")
+    repo.git.config("filter.x.clean", "cat")
+    set_lr(target, 0.041)
+    assert try_(target, "-m", "tiny LR change") == 0
+    assert value(capsys.readouterr().out, "val_bpb") == "1.098000"        # 1 + 0.09 + 8/1000: DEPTH 8 as committed
+    repo.git.config("filter.x.clean", "sed s/^LR\\ =\\ 0.042/LR\\ =\\ 0.05/")
+    set_lr(target, 0.042)
+    assert try_(target, "-m", "LR 0.042") == 1
+    assert "a git filter" in capsys.readouterr().err and len(rows(target)) == 2
+
+
+def test_a_tag_keeps_its_sandbox_like_its_budget(target, capsys):
+    assert try_(target, "--baseline") == 0
+    set_lr(target, 0.05)
+    assert try_(target, "-m", "raise LR", "--sandbox", "off") == 2
+    assert "was measured inside the sandbox" in capsys.readouterr().err and len(rows(target)) == 1
+
+
+def test_a_refused_baseline_changes_nothing_and_its_advice_works(target, capsys):
+    set_lr(target, 0.045)
+    assert try_(target, "--baseline") == 2
+    assert "commit it first" in capsys.readouterr().err
+    assert "autoresearch/t" not in git.Repo(target).heads and not (target / "events.jsonl").exists()
+    git.Repo(target).git.commit("-qam", "tuned")
+    assert try_(target, "--baseline") == 0 and rows(target)[0].split("\t")[1] == "1.058000"
+
+
+def test_a_secret_in_the_message_is_redacted_in_the_commit_too(target):
+    assert try_(target, "--baseline") == 0
+    set_lr(target, 0.05)
+    assert try_(target, "-m", f"raise LR {SECRET}") == 0
+    log = git.Repo(target).git.log("--format=%B", "autoresearch/t")
+    assert SECRET not in log and "[redacted]" in log
+
+
+def test_a_fix_after_your_commit_on_the_branch_goes_on_top_of_it(target, capsys):
+    assert try_(target, "--baseline") == 0
+    (target / "train.py").write_text((target / "train.py").read_text().replace("import json", "import jsonn"))
+    assert try_(target, "-m", "a typo") == 0
+    crash = events(target, "experiment")[1]
+    repo = git.Repo(target)
+    repo.git.switch("autoresearch/t")
+    (target / "program.md").write_text("steer\n")
+    repo.git.commit("-qam", "steer")
+    steer = repo.head.commit.hexsha
+    repo.git.switch("main")
+    (target / "train.py").write_text(repo.git.show(f"{crash['commit']}:train.py").replace("jsonn", "json")
+                                     .replace("LR = 0.04", "LR = 0.05") + "\n")
+    assert try_(target, "--fix", "-m", "import json") == 0
+    fixed = events(target, "experiment")[2]
+    assert fixed["status"] == "keep" and repo.commit(fixed["full_commit"]).parents[0].hexsha == steer
+
+
+def test_two_targets_cannot_share_a_tag(target, tmp_path, capsys):
+    assert try_(target, "--baseline") == 0
+    other = target / "rl"
+    other.mkdir()
+    for name in ("program.md", "prepare.py", "train.py"):
+        (other / name).write_text((target / name).read_text())
+    repo = git.Repo(target)
+    repo.git.add("rl")
+    repo.git.commit("-qm", "a second target")
+    assert agent.main(["try", "--tag", "t", "--target", str(other), "--baseline", *STRICT]) == 2
+    assert "belongs to the target '(the repository root)'" in capsys.readouterr().err
+
+
+def test_links_locks_and_syncs_give_messages_not_tracebacks(target, capsys, tmp_path):
+    assert try_(target, "--baseline") == 0
+    stage_lock = Path(git.Repo(target).git_dir) / "worktrees"
+    set_lr(target, 0.05)
+    assert try_(target, "-m", "raise LR") == 0
+    locks = list(stage_lock.glob("*/"))
+    (locks[0] / "index.lock").write_text("")                           # a kill mid-commit
+    set_lr(target, 0.06)
+    assert try_(target, "-m", "LR 0.06") == 0 and len(rows(target)) == 3
+    set_lr(target, 0.07)
+    assert try_(target, "--sync") == 0 and try_(target, "--sync") == 0
+    saved = list((Path(git.Repo(target).git_dir) / "autoresearch" / "t" / "saved").iterdir())
+    assert len(saved) == 1 and "LR = 0.07" in saved[0].read_text()    # the second sync had nothing new to save
+    real = target / "train.py"
+    (tmp_path / "elsewhere.py").write_text(real.read_text())
+    real.unlink()
+    real.symlink_to(tmp_path / "elsewhere.py")
+    assert try_(target, "-m", "via a link") == 2
+    assert "is a symbolic link" in capsys.readouterr().err
