@@ -235,21 +235,22 @@ def try_one(s):
     if a.baseline:                      # open_session checked that there is none yet and train.py is committed
         run_baseline(s)
         return verdict(s, s.history[-1], None)
-    if (s.synced or s.history[0]["full_commit"]) != s.best_commit \
-            and file_at_bytes(s, s.synced or s.history[0]["full_commit"]) != file_at_bytes(s, s.best_commit):
+    based_on = s.synced or s.history[0]["full_commit"]      # what `try` last wrote into your checkout
+    if based_on != s.best_commit and file_at_bytes(s, based_on) != file_at_bytes(s, s.best_commit):
         raise SetupError(f"the best commit of tag {a.tag!r} moved to {s.best_commit[:7]} (agent.py's loop kept "
                          f"something) since train.py in your checkout was last set to the best, so your edit would undo "
                          f"it. Run `uv run agent.py try --tag {a.tag} --sync` (it saves your train.py first and prints "
                          "where), then make your edit again")
     try:
-        source, idea = train_path.read_bytes().decode("utf-8"), clean_description(a.message)
+        source = train_path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise SetupError(f"train.py is not UTF-8 text ({e}): save it as UTF-8") from None
-    fix_of, fixes, crashed, message = None, 0, None, idea
+    fix_of, fixes, crashed, message = None, 0, None, clean_description(a.message)
+    description = message
     if a.fix:                                   # the commit amends the crashed one, as the loop's fix step does
         fix_of, fixes, crashed = fixable(s)
         idea = s.history[fix_of].get("idea") or s.history[fix_of]["description"]
-        message = f"{idea}\n\nfix {fixes}: {message}"
+        description, message = f"{idea} (fix {fixes}: {message})", f"{idea}\n\nfix {fixes}: {message}"
     elif source == best_source(s):
         raise SetupError(f"train.py is the best commit's ({s.best_commit[:7]}) unchanged: edit it with one idea first")
     if (earlier := duplicate_of(s, source)) is not None:
@@ -261,8 +262,7 @@ def try_one(s):
     commit = commit_candidate(s, n, source, message, attempt=fixes, amend=crashed)
     outcome = train_candidate(s, n, fixes, commit)
     status, runs = judge(s, n, fixes, outcome)
-    record(s, n, outcome, status, message.replace("\n\n", " (", 1) + ")" if a.fix else idea, t0, s.spent(),
-           repairs=0, fixes=fixes, fix_of=fix_of, runs=runs)
+    record(s, n, outcome, status, description, t0, s.spent(), repairs=0, fixes=fixes, fix_of=fix_of, runs=runs)
     s.recorded = True                   # from here on an interrupt leaves a result behind (main's message)
     if status == "keep":
         advance_branch(s, outcome.commit)

@@ -366,14 +366,20 @@ def test_kill_between_keep_event_and_branch_move_is_finished_on_resume(target):
     assert len(rows(target)) == 2
 
 
+def steer_on_branch(target, text):
+    """A human's commit of new directions in program.md on autoresearch/t (switching there and back); its sha."""
+    repo = git.Repo(target)
+    repo.git.switch("autoresearch/t")
+    (target / "program.md").write_text(text)
+    repo.git.commit("-qam", "steer: new directions")
+    repo.git.switch("main")
+    return repo.commit("autoresearch/t").hexsha
+
+
 def test_human_steering_commit_on_the_branch_is_adopted(target):
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
     repo = git.Repo(target)
-    repo.git.switch("autoresearch/t")
-    (target / "program.md").write_text("new directions\n")
-    repo.git.commit("-qam", "steer: new directions")
-    mine = repo.head.commit.hexsha
-    repo.git.switch("main")
+    mine = steer_on_branch(target, "new directions\n")
     with ScriptedLLM([RAISE_LR]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     keep = events(target, "experiment")[1]

@@ -16,7 +16,7 @@ import agent
 import report
 from agent_target import SECRET, STRICT, edit
 from llm_server import ScriptedLLM
-from test_agent import AGENT, events, rows, sha, tree_is_clean, wait_for_run
+from test_agent import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
 
 
 def try_(target, *extra):
@@ -270,11 +270,7 @@ def test_a_fix_after_your_commit_on_the_branch_goes_on_top_of_it(target, capsys)
     assert try_(target, "-m", "a typo") == 0
     crash = events(target, "experiment")[1]
     repo = git.Repo(target)
-    repo.git.switch("autoresearch/t")
-    (target / "program.md").write_text("steer\n")
-    repo.git.commit("-qam", "steer")
-    steer = repo.head.commit.hexsha
-    repo.git.switch("main")
+    steer = steer_on_branch(target, "steer\n")
     (target / "train.py").write_text(repo.git.show(f"{crash['commit']}:train.py").replace("jsonn", "json")
                                      .replace("LR = 0.04", "LR = 0.05") + "\n")
     assert try_(target, "--fix", "-m", "import json") == 0
