@@ -38,7 +38,7 @@ from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_P
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
 from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, describe, duplicate_of,
-                             file_at_bytes, open_session, record, train_candidate)
+                             file_at_bytes, open_session, record, tokens_per_sec, train_candidate)
 from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
 
 # ---------------------------------------------------------------------------
@@ -48,6 +48,7 @@ from harness.target import FROZEN, check_target, ensure_prepared, read_text, run
 MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
 MAX_FIXES = 2                   # a crashed candidate goes back with the log tail for this many amended fixes
 BREAKER = (6, 8)                # stop when 6 of the last 8 iterations failed (crash or unusable answer)
+THROUGHPUT_SHARE = 0.25         # a first run whose tokens/s is this far from the best's is run again before judging
 
 # ---------------------------------------------------------------------------
 # The loop
@@ -116,12 +117,25 @@ def stop_reason(s):
 
 def judge(s, n, attempt, first):
     """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
-    the metrics of its runs). crash: no metric. discard: it beats the best (the mean of the best's runs) by less
+    the metrics of its runs). A first run whose throughput (tokens/s) is more than THROUGHPUT_SHARE away from the
+    best's is run again first, and the repeat counts instead (a busy or throttled device, or a model of another
+    speed: the repeat tells). crash: no metric. discard: it beats the best (the mean of the best's runs) by less
     than margin(s). Otherwise it is run --confirm more times with other seeds, and kept only if the mean of all its
     runs beats the best by the margin (a confirmation that crashes: a crash). With --confirm 0, the first run decides
     alone (margin 0 unless --margin: karpathy's strict ratchet)."""
     if first.metric is None:
         return "crash", []
+    best_tps = next(e.get("tokens_per_sec") for e in reversed(s.history) if e["status"] == "keep")
+    tps = tokens_per_sec(first)
+    if tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:      # another job on the device? once more
+        s.log("rerun", n=n, reason=f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than "
+                                   f"{THROUGHPUT_SHARE:.0%}: run again before it is judged")
+        s.status(n, "throughput off: running it again")
+        again = train_candidate(s, n, attempt, first.commit, again=True)
+        if again.metric is None:
+            first.metric, first.reason, first.log_tail = None, f"its repeat crashed: {again.reason}", again.log_tail
+            return "crash", []
+        first.metric, first.summary, first.memory_gb = again.metric, again.summary, again.memory_gb
     runs = [first.metric]
     if not beats(s, first.metric):
         return "discard", runs

@@ -1094,7 +1094,10 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
 
 
 def evaluate_main(artifact, device=None):
-    """`--evaluate`: score the artifact and print the summary block the harness parses. Returns the exit code."""
+    """`--evaluate`: score the artifact and print the summary block the harness parses. Returns the exit code.
+    $AUTORESEARCH_THREADS, when set, fixes the CPU thread count (as train.py's)."""
+    if os.environ.get("AUTORESEARCH_THREADS"):
+        torch.set_num_threads(int(os.environ["AUTORESEARCH_THREADS"]))
     if device is not None:
         available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
         try:

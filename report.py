@@ -236,12 +236,13 @@ def _y_limits(rows, goal):
     return lo - pad, hi + pad
 
 
-def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
+def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=None):
     """Draw the run and save it as a PNG at `png`; returns the Path.
 
-    x: experiment number (0 = baseline). Running best as a step line, kept rows as green dots labelled with
-    their description, discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is
-    not a metric), discards beyond the axis as grey triangles on that edge.
+    x: experiment number (0 = baseline). Running best as a step line, with the noise band (+-1 noise_sd, the
+    spread of the baseline's runs) around it when known, kept rows as green dots labelled with their description,
+    discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is not a metric), discards
+    beyond the axis as grey triangles on that edge.
     """
     fig = Figure(figsize=(11, 5.5), dpi=110)
     ax = fig.subplots()
@@ -261,6 +262,7 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
 
     if any(has_metric(r) for r in rows):
         lo, hi = _y_limits(rows, goal)
+        lo, hi = lo - (noise_sd or 0.0), hi + (noise_sd or 0.0)      # room for the noise band
         ax.set_ylim(lo, hi)
         inside = [(i, r.metric) for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and lo <= r.metric <= hi]
         outside = [i for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and not lo <= r.metric <= hi]
@@ -273,6 +275,10 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv"):
         steps = [(i, b) for i, b in enumerate(best) if b is not None]
         if steps:
             ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
+        if steps and noise_sd:
+            xs, ys = [*(x for x, _ in steps), steps[-1][0] + 0.5], [*(y for _, y in steps), steps[-1][1]]
+            ax.fill_between(xs, [y - noise_sd for y in ys], [y + noise_sd for y in ys], step="post",
+                            color="tab:green", alpha=0.15, label=f"noise band (+-{noise_sd:.4f}, 1 sd)", zorder=1)
         kept = [(i, r) for i, r in enumerate(rows) if r.status == "keep" and has_metric(r)]
         if kept:
             ax.scatter([i for i, _ in kept], [r.metric for _, r in kept], s=46, color="tab:green", edgecolor="black",
@@ -350,6 +356,13 @@ def load_run(results=".", events=None, tag=None, goal=None):
                goal=goal, rows=rows, skipped=loaded.skipped, events=event_list, tag=tag, notes=notes)
 
 
+def noise_of(run):
+    """(noise sd, number of baseline runs) measured at the start of the run's tag, or (None, 0) (one baseline run,
+    or no events)."""
+    baseline = next(iter(experiment_events(run.events or [], run.tag)), {})
+    return baseline.get("noise_sd"), len(baseline.get("runs") or [])
+
+
 def is_smoke(row):
     """A row of a run with a shortened budget: its description starts with the harness's smoke label."""
     return SMOKE_LABEL.match(row.description) is not None
@@ -389,10 +402,15 @@ def main(argv=None):
               + ", ".join(f"{row.commit} {row.status}" for row in smoke[:10]) + (" ..." if len(smoke) > 10 else ""))
     print()
     print(format_kept(kept_table(rows, run.goal), run.metric_name))
+    noise_sd, runs = noise_of(run)
+    if noise_sd:
+        print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds); a keep had to beat the best by the "
+              "margin (2 x sd by default) over the mean of its runs")
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))
-    png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title)
+    png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title,
+                        noise_sd=noise_sd)
     print(f"\nwrote {png}")
     return 0
 

@@ -44,6 +44,9 @@ elif torch.backends.mps.is_available():
     DEVICE = torch.device("mps")
 else:
     DEVICE = torch.device("cpu")
+# A fixed CPU thread count (the harness sets AUTORESEARCH_THREADS): a CPU run's speed, so its steps, depend on it.
+THREADS = int(os.environ.get("AUTORESEARCH_THREADS") or torch.get_num_threads())
+torch.set_num_threads(THREADS)
 
 
 def measure_matmul_flops(dtype, n=1024, seconds=0.5):
@@ -591,3 +594,4 @@ print(f"peak_rss_mb:      {peak_rss_mb:.1f}")
 print(f"time_budget_s:    {budget_seconds:g}")
 print(f"budget_override:  {int(budget_override)}")
 print(f"seed:             {SEED}")
+print(f"threads:          {THREADS}")

@@ -68,6 +68,7 @@ class Outcome:
     timed_out: bool = False
     tampered: list = dataclasses.field(default_factory=list)
     own_metric: float | None = None         # what train.py printed itself (None: nothing, or not a number)
+    summary: dict = dataclasses.field(default_factory=dict)   # train.py's summary block, {key: text}
     eval_seconds: float = 0.0
 
 
@@ -82,7 +83,7 @@ def run(spec):
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
     own, memory_gb, own_problem = read_metric(summary, spec.metric)
-    outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own)
+    outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary)
     if tampered:
         outcome.reason = f"rejected: train.py modified {', '.join(tampered)}"
     elif timed_out:

@@ -33,6 +33,9 @@ from harness.redact import redact
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
 
 RUN_LOG = "run.log"
+# The CPU thread count of every run (train.py and the evaluator, through AUTORESEARCH_THREADS): fixed, so that CPU
+# runs are comparable; the cores this process may use.
+THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclasses.dataclass
@@ -168,13 +171,15 @@ def commit_candidate(s, n, source, message, attempt=0, amend=None):
     return commit
 
 
-def train_candidate(s, n, attempt, commit, run=0):
+def train_candidate(s, n, attempt, commit, run=0, again=False):
     """Run `commit` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
     separate evaluation, the guard's check of everything outside the run dir; then the run dir is removed, its log
     kept in logs/ and copied to <target>/run.log. Logs "run" and "run_end". run: the run's index among the repeated
-    runs of one commit (baseline runs, confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run). Returns
-    the runner's Outcome."""
-    name, seed = f"{n:04d}-{attempt}" + (f"-r{run}" if run else ""), seed_of(n, run)
+    runs of one commit (baseline runs, confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run) and a fixed
+    AUTORESEARCH_THREADS. again: the same run repeated (its throughput was off), logged apart. Returns the runner's
+    Outcome."""
+    name = f"{n:04d}-{attempt}" + (f"-r{run}" if run else "") + ("-again" if again else "")
+    seed = seed_of(n, run)
     run_dir = s.home / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
     gitops.export_commit(s.repo, commit, s.target_rel, run_dir)
@@ -202,6 +207,7 @@ def train_candidate(s, n, attempt, commit, run=0):
     spec = runner.RunSpec(
         commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
         env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
+             "AUTORESEARCH_THREADS": str(THREADS),
              "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
              **s.sandbox_env},
         wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
@@ -230,6 +236,14 @@ def seed_of(n, run):
     """The seed of run `run` of experiment n: distinct for every run of a tag, so that repeated runs measure the
     spread that init and data order cause (the noise floor), and the same on a resume."""
     return 1000 * n + run
+
+
+def tokens_per_sec(outcome):
+    """The training throughput train.py's summary states (`tokens_per_sec:`), or None."""
+    try:
+        return float(outcome.summary["tokens_per_sec"])
+    except (KeyError, ValueError):
+        return None
 
 
 def max_wall(s):
@@ -267,6 +281,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
                   budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric,
                   idea=idea, reason=redact(outcome.reason), fix_of=fix_of, sandbox=s.wrap is not None,
+                  tokens_per_sec=tokens_per_sec(outcome),
                   runs=list(runs) or None,
                   noise_sd=noise_sd)
     gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))

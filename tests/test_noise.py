@@ -7,8 +7,11 @@ baseline runs measure the noise floor; a no-op is (almost) never kept with confi
 
 import statistics
 
+import git
+
 import agent
-from agent_target import NOISE_SD, edit, make_noisy_target
+import report
+from agent_target import NOISE_SD, STRICT, edit, make_noisy_target
 from llm_server import ScriptedLLM
 from test_agent import events, rows
 
@@ -63,7 +66,7 @@ def test_no_op_proposals_are_not_kept_with_confirmation_but_are_without(tmp_path
     assert sum(kept["strict"]) >= 3 * max(1, sum(kept["noise-aware"])), kept
 
 
-def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkeypatch):
+def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "ready").touch()
@@ -76,6 +79,11 @@ def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkey
     assert [e["seed"] for e in events(target, "run") if e["n"] == 1] == [1000, 1001]
     assert baseline["metric"] - gain["metric"] > 2 * baseline["noise_sd"]
     assert rows(target)[1].endswith("\tkeep\ta real gain of 3 sd (2 runs)")
+    capsys.readouterr()
+    assert report.main([str(target)]) == 0                  # the report states the noise floor and draws its band
+    out = capsys.readouterr().out
+    assert f"noise floor  sd {baseline['noise_sd']:.6f} over 3 baseline runs" in out
+    assert "a real gain of 3 sd (2 runs)" in out and (target / "progress.png").stat().st_size > 10_000
 
 
 def test_the_prompt_carries_deltas_near_misses_and_asks_what_an_idea_builds_on(target):
@@ -91,3 +99,25 @@ def test_the_prompt_carries_deltas_near_misses_and_asks_what_an_idea_builds_on(t
     assert "Near-misses (discarded within the noise margin 0.050000 of their base: worth combining):\n" \
            "#2 (+0.001000): deeper" in prompt
     assert '"(builds on #4, #9)"' in prompt and "noise" in llm.requests[-1][1]["system"][0]["text"]
+
+
+def test_a_run_at_another_throughput_is_run_again_before_it_is_judged(target):
+    """tokens/s half the best's (another job on the device, or a slower model): repeated once, the reason logged."""
+    repo = git.Repo(target)
+    path = target / "train.py"
+    path.write_text(path.read_text().replace('print(f"peak_vram_mb:', 'print("tokens_per_sec:   1000")\nprint(f"peak_vram_mb:'))
+    repo.git.commit("-qam", "train.py states its throughput")
+    slower = edit("raise LR, at half the speed", 'LR = 0.04', 'LR = 0.05')
+    slower += edit("", 'print("tokens_per_sec:   1000")', 'print("tokens_per_sec:   500")').split("\n", 1)[1]
+    same = edit("a tiny LR change", 'LR = 0.05', 'LR = 0.051')
+    with ScriptedLLM([slower, same]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, *STRICT, "--max-experiments", "2"]) == 0
+    rerun = events(target, "rerun")
+    assert len(rerun) == 1 and rerun[0]["n"] == 1
+    assert rerun[0]["reason"].startswith("tokens/s 500 differs from the best's 1000 by more than 25%")
+    assert [e["n"] for e in events(target, "run")] == [0, 1, 1, 2]
+    first, again = [e["log"] for e in events(target, "run_end") if e["n"] == 1]
+    assert first.endswith("0001-0.log") and again.endswith("0001-0-again.log")
+    assert [(e["status"], e["tokens_per_sec"]) for e in events(target, "experiment")] == \
+        [("keep", 1000.0), ("keep", 500.0), ("discard", 500.0)]

@@ -310,3 +310,22 @@ def test_links_locks_and_syncs_give_messages_not_tracebacks(target, capsys, tmp_
     real.symlink_to(tmp_path / "elsewhere.py")
     assert try_(target, "-m", "via a link") == 2
     assert "is a symbolic link" in capsys.readouterr().err
+
+
+def test_identical_crash_candidates_never_share_a_commit(target, capsys):
+    """The same crashing file twice: the second is refused with the first's number; every candidate commit names
+    its tag and experiment, so no two rows ever share a hash."""
+    assert try_(target, "--baseline") == 0
+    broken = (target / "train.py").read_text().replace("import json", "import jsonn")
+    (target / "train.py").write_text(broken)
+    assert try_(target, "-m", "a typo") == 0
+    (target / "train.py").write_text(broken)
+    assert try_(target, "-m", "the same typo") == 2
+    assert "byte-identical to experiment #1 (crash: a typo" in capsys.readouterr().err
+    (target / "train.py").write_text(broken.replace("LR = 0.04", "LR = 0.05"))
+    assert try_(target, "-m", "another typo") == 0
+    commits = [row.split("\t")[0] for row in rows(target)]
+    assert len(set(commits)) == len(commits) == 3
+    bodies = [git.Repo(target).commit(e["full_commit"]).message for e in events(target, "experiment")[1:]]
+    assert ["autoresearch: tag t, experiment 1" in bodies[0], "autoresearch: tag t, experiment 2" in bodies[1]] == \
+        [True, True]
