@@ -119,7 +119,7 @@ def judge(s, n, attempt, first):
     """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
     the metrics of its runs). A first run whose throughput (tokens/s) is more than THROUGHPUT_SHARE away from the
     best's is run again first, and the repeat counts instead (a busy or throttled device, or a model of another
-    speed: the repeat tells). crash: no metric. discard: it beats the best (the mean of the best's runs) by less
+    speed: the repeat tells); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it beats the best (the mean of the best's runs) by less
     than margin(s). Otherwise it is run --confirm more times with other seeds, and kept only if the mean of all its
     runs beats the best by the margin (a confirmation that crashes: a crash). With --confirm 0, the first run decides
     alone (margin 0 unless --margin: karpathy's strict ratchet)."""
@@ -127,7 +127,7 @@ def judge(s, n, attempt, first):
         return "crash", []
     best_tps = next(e.get("tokens_per_sec") for e in reversed(s.history) if e["status"] == "keep")
     tps = tokens_per_sec(first)
-    if tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:      # another job on the device? once more
+    if s.args.confirm and tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:   # a busy device? again
         s.log("rerun", n=n, reason=f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than "
                                    f"{THROUGHPUT_SHARE:.0%}: run again before it is judged")
         s.status(n, "throughput off: running it again")
