@@ -91,7 +91,7 @@ git -C "$REPO" init -q -b main && git -C "$REPO" add -A \
     && git -C "$REPO" -c user.name=gpu-check -c user.email=gpu-check@localhost commit -qm "gpu check target"
 s=$(date +%s)
 ( cd "$REPO" && AUTORESEARCH_TIME_BUDGET="$AGENT_BUDGET" timeout 360 "${PY[@]}" "$ROOT/agent.py" --tag gpucheck \
-    --target "$REPO" --proposer random --max-experiments 2 >"$LOGS/agent.log" 2>&1 )
+    --target "$REPO" --proposer random --max-experiments 2 --baseline-runs 1 --confirm 0 >"$LOGS/agent.log" 2>&1 )
 rc=$?
 cp "$REPO/results.tsv" "$LOGS/results.tsv" 2>/dev/null; cp "$REPO/events.jsonl" "$LOGS/events.jsonl" 2>/dev/null
 nrows=$(( $(wc -l <"$REPO/results.tsv" 2>/dev/null || echo 1) - 1 ))
@@ -112,7 +112,7 @@ EOF
 # 6. several devices (issue 11): only with 2+ GPUs and an agent.py that has --devices
 if [ "${NGPU:-0}" -ge 2 ] 2>/dev/null && "${PY[@]}" "$ROOT/agent.py" --help 2>/dev/null | grep -q -- "--devices"; then
     ( cd "$REPO" && AUTORESEARCH_TIME_BUDGET="$AGENT_BUDGET" timeout 300 "${PY[@]}" "$ROOT/agent.py" --tag gpucheck2 \
-        --target "$REPO" --proposer random --max-experiments 2 --devices 0,1 >"$LOGS/devices.log" 2>&1 ) \
+        --target "$REPO" --proposer random --max-experiments 2 --baseline-runs 1 --confirm 0 --devices 0,1 >"$LOGS/devices.log" 2>&1 ) \
         && row devices ok "--devices 0,1: $(tail -1 "$LOGS/devices.log")" || row devices FAIL "see $LOGS/devices.log"
 else
     row devices skip "needs 2+ GPUs and agent.py --devices ($NGPU GPU here)"
