@@ -251,6 +251,11 @@ def try_one(s):
         return verdict(s, s.history[-1], None)
     based_on = s.synced or s.history[0]["full_commit"]      # what `try` last wrote into your checkout
     if based_on != s.best_commit and file_at_bytes(s, based_on) != file_at_bytes(s, s.best_commit):
+        if train_path.read_bytes() == file_at_bytes(s, based_on):   # not edited yet: just bring the best
+            write_checkout(s)
+            raise SetupError(f"the best commit of tag {a.tag!r} moved to {s.best_commit[:7]} (agent.py's loop kept "
+                             f"something) and your train.py was the older best, unedited: it is now the best's. "
+                             "Nothing ran; make your edit on it, then run the same command again")
         raise SetupError(f"the best commit of tag {a.tag!r} moved to {s.best_commit[:7]} (agent.py's loop kept "
                          f"something) since train.py in your checkout was last set to the best, so your edit would undo "
                          f"it. Run `uv run agent.py try --tag {a.tag} --sync` (it saves your train.py first and prints "
@@ -336,7 +341,10 @@ def verdict(s, event, outcome, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash). Returns 0."""
     best = next(e for e in reversed(s.history) if e["status"] == "keep")
-    lines = [("experiment", event["n"]), ("status", event["status"]),
+    near = (event["status"] == "discard" and event["n"] > 0
+            and abs(event["metric"] - event["base_metric"]) <= margin(s) and margin(s) > 0)
+    lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the noise margin; worth "
+                                                                        "combining with another idea)" if near else "")),
              (s.metric, f"{event['metric']:.6f}" if event["status"] != "crash" else "- (crash)")]
     if event["n"] > 0 and event["status"] != "crash":
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "

@@ -33,6 +33,7 @@ from harness.redact import redact
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
 
 RUN_LOG = "run.log"
+TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
 # The CPU thread count of every run (train.py and the evaluator, through AUTORESEARCH_THREADS): fixed, so that CPU
 # runs are comparable; the cores this process may use.
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -444,7 +445,7 @@ def open_session(args):
         s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
 
     # 4. outputs and a row lost to a kill between the "experiment" event and its row
-    gitops.ensure_ignored(repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG)])
+    gitops.ensure_ignored(repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG, TRY_LOG)])
     try:
         ledger.ensure_results_header(target / ledger.RESULTS, s.metric)
     except ValueError as e:

@@ -329,3 +329,26 @@ def test_identical_crash_candidates_never_share_a_commit(target, capsys):
     bodies = [git.Repo(target).commit(e["full_commit"]).message for e in events(target, "experiment")[1:]]
     assert ["autoresearch: tag t, experiment 1" in bodies[0], "autoresearch: tag t, experiment 2" in bodies[1]] == \
         [True, True]
+
+
+def test_an_unedited_old_best_is_brought_up_to_date_after_the_loop_kept(target, capsys):
+    assert try_(target, "--baseline") == 0
+    with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05")]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer",
+                           "anthropic", "--base-url", llm.anthropic_url, "--max-experiments", "1"]) == 0
+    capsys.readouterr()
+    assert try_(target, "-m", "not edited yet") == 2
+    assert "it is now the best's. Nothing ran" in capsys.readouterr().err
+    assert "LR = 0.05" in (target / "train.py").read_text() and len(rows(target)) == 2
+    set_lr(target, 0.051)
+    assert try_(target, "-m", "LR 0.051") == 0 and len(rows(target)) == 3
+
+
+def test_a_near_miss_is_named_and_the_background_log_is_ignored(target, capsys):
+    assert try_(target, "--baseline") == 0
+    path = target / "train.py"
+    path.write_text(path.read_text().replace("DEPTH = 8", "DEPTH = 9"))      # +0.001: within a 0.05 margin
+    assert try_(target, "-m", "deeper", "--margin", "0.05") == 0
+    assert value(capsys.readouterr().out, "status").startswith("discard (a near-miss: within the noise margin")
+    (target / "try.log").write_text("program.md's background try writes here\n")
+    assert "try.log" not in git.Repo(target).git.status("--porcelain")
