@@ -38,7 +38,8 @@ from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_P
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
 from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, describe, duplicate_of,
-                             file_at_bytes, open_session, record, tokens_per_sec, train_candidate)
+                             file_at_bytes, holdout_summary, open_session, record, tokens_per_sec,
+                             train_candidate)
 from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
 
 # ---------------------------------------------------------------------------
@@ -562,6 +563,11 @@ def research_main(s, proposer, constants):
     s.log("stop", reason=reason)
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
+    if s.evaluation is not None and len(s.history) > 1:      # the gain on data the search never saw
+        try:
+            console.say(holdout_summary(s.home, s.history, s.metric, s.goal))
+        except SetupError as e:
+            console.say(f"holdout: not measured ({str(e).splitlines()[-1]})")
     return 0
 
 

@@ -112,11 +112,14 @@ PROFILES = {
 CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
 MAX_SHARD = 6542                                 # the last climbmix shard is shard_06542.parquet
 VAL_SHARD_NAME = f"shard_{MAX_SHARD:05d}.parquet"  # pinned validation shard, never trained on
+HOLDOUT_SHARD_NAME = f"shard_{MAX_SHARD - 1:05d}.parquet"  # pinned holdout shard: never trained on nor searched on
 TINYSTORIES_URL = "https://huggingface.co/datasets/karpathy/tinystories-gpt4-clean/resolve/main/tinystories_gpt4_clean.parquet"
 
 LOCAL_VAL_NAME = "val.parquet"   # converted sources keep their held-out split under this name
+LOCAL_HOLDOUT_NAME = "holdout.parquet"   # ... and the hidden holdout (report.py --holdout) under this one
 VAL_BLOCK = 8                    # converted sources: documents go to val in blocks of 8 ...
-VAL_EVERY = 10                   # ... every 10th block (10 %, spread over every file)
+VAL_EVERY = 10                   # ... every 10th block (10 %, spread over every file), and to the holdout the
+HOLDOUT_AT = 4                   # blocks at this place of every 10 (another 10 %)
 MAX_REPLACED_FRACTION = 0.01     # more undecodable bytes than this and a file is not UTF-8 text
 
 # BPE split pattern (GPT-4 style, with \p{N}{1,2} instead of {1,3}); the same pattern trains and encodes.
@@ -169,6 +172,7 @@ class Prepared:
     data_dir: Path     # parquet shards with a `text` column
     val_name: str      # file name of the held-out split inside data_dir
     tokenizer_path: Path | None = None  # set while prepare.py builds a new tokenizer beside the current one
+    holdout_name: str | None = None     # file name of the hidden holdout split (None: a cache prepared before it)
 
     @property
     def tokenizer_dir(self):
@@ -206,7 +210,8 @@ def load_prepared(root=None):
         meta = json.loads(path.read_text())
         # the record, not today's PROFILES table, is the truth for data prepared earlier
         profile = Profile(meta["profile"], int(meta["max_seq_len"]), int(meta["eval_tokens"]), int(meta["vocab_size"]), int(meta["doc_chars"]))
-        prepared = Prepared(root, meta["dataset"], meta["source"], profile, root / meta["data_dir"], meta["val_name"])
+        prepared = Prepared(root, meta["dataset"], meta["source"], profile, root / meta["data_dir"], meta["val_name"],
+                            holdout_name=meta.get("holdout_name"))
     except (ValueError, KeyError) as e:
         raise PrepareError(f"{path} is unreadable ({e}): re-run prepare.py with --force")
     missing = [p for p in (prepared.tokenizer_dir / "tokenizer.pkl", prepared.tokenizer_dir / "token_bytes.pt") if not p.exists()]
@@ -317,9 +322,10 @@ def download_file(url, path, attempts=5, backoff=2.0, timeout=30, progress=False
 
 
 def download_climbmix(data_dir, num_shards, workers, base_url=CLIMBMIX_URL, backoff=2.0):
-    """Download training shards 0..num_shards-1 plus the pinned validation shard into data_dir."""
+    """Download training shards 0..num_shards-1 plus the pinned validation and holdout shards into data_dir."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    names = [f"shard_{i:05d}.parquet" for i in range(min(num_shards, MAX_SHARD))] + [VAL_SHARD_NAME]
+    names = [f"shard_{i:05d}.parquet" for i in range(min(num_shards, MAX_SHARD - 1))] + [VAL_SHARD_NAME,
+                                                                                         HOLDOUT_SHARD_NAME]
     print(f"Data: {len(names)} climbmix shards -> {data_dir}")
     with ThreadPoolExecutor(max(1, min(workers, len(names)))) as pool, \
             tqdm(total=len(names), unit="shard", desc="climbmix", disable=None) as bar:   # a bar on a terminal
@@ -430,31 +436,33 @@ def _write_shards(docs, out_dir, stem, rows_per_shard=100_000):
 
 
 def convert_source(files, data_dir, doc_chars):
-    """Convert local files into train shards + val.parquet in data_dir (rebuilt from scratch).
+    """Convert local files into train shards + val.parquet + holdout.parquet in data_dir (rebuilt from scratch).
 
-    The held-out split takes every VAL_EVERY-th block of VAL_BLOCK consecutive documents of each file,
-    so validation text comes from all over every file and never appears in training.
-    Returns a dict of counts. Raises PrepareError if there is no text or no validation text.
+    The held-out split takes every VAL_EVERY-th block of VAL_BLOCK consecutive documents of each file, and the
+    holdout the block at HOLDOUT_AT of every VAL_EVERY, so both come from all over every file, never overlap and
+    never appear in training. Returns a dict of counts. Raises PrepareError if there is no text or no validation text.
     """
     if data_dir.exists():
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True)
-    train, val, replaced = [], [], 0
+    train, val, holdout, replaced = [], [], [], 0
     for path in files:
         docs, bad = read_source_file(path, doc_chars)
         replaced += bad
         for i, doc in enumerate(docs):
-            (val if (i // VAL_BLOCK) % VAL_EVERY == VAL_EVERY - 1 else train).append(doc)
+            place = (i // VAL_BLOCK) % VAL_EVERY
+            (val if place == VAL_EVERY - 1 else holdout if place == HOLDOUT_AT else train).append(doc)
         print(f"  {path.name}: {len(docs):,} documents" + (f", {bad} undecodable bytes replaced by U+FFFD" if bad else ""))
     if not train:
         raise PrepareError(f"no text found in {len(files)} source file(s): the source is empty")
     if not val:
         raise PrepareError(f"only {len(train)} documents: too little text for a held-out split (need at least {VAL_BLOCK * VAL_EVERY}); add more text")
     _write_shards(train, data_dir, "shard")
-    tmp = data_dir / (LOCAL_VAL_NAME + ".tmp")
-    pq.write_table(pa.table({"text": val}), tmp, row_group_size=1024)
-    os.replace(tmp, data_dir / LOCAL_VAL_NAME)
-    return {"train_docs": len(train), "val_docs": len(val), "replaced_chars": replaced}
+    for name, docs in ((LOCAL_VAL_NAME, val), (LOCAL_HOLDOUT_NAME, holdout)):
+        tmp = data_dir / (name + ".tmp")
+        pq.write_table(pa.table({"text": pa.array(docs, pa.string())}), tmp, row_group_size=1024)
+        os.replace(tmp, data_dir / name)
+    return {"train_docs": len(train), "val_docs": len(val), "holdout_docs": len(holdout), "replaced_chars": replaced}
 
 # ---------------------------------------------------------------------------
 # Tokenizer training
@@ -462,8 +470,9 @@ def convert_source(files, data_dir, doc_chars):
 
 
 def train_files(prepared):
-    """Sorted training shards: every parquet file in data_dir except the validation file."""
-    files = sorted(p for p in prepared.data_dir.glob("*.parquet") if p.name != prepared.val_name)
+    """Sorted training shards: every parquet file in data_dir except the validation and holdout files."""
+    files = sorted(p for p in prepared.data_dir.glob("*.parquet")
+                   if p.name not in (prepared.val_name, prepared.holdout_name, LOCAL_HOLDOUT_NAME, HOLDOUT_SHARD_NAME))
     if not files:
         raise PrepareError(f"no training shards in {prepared.data_dir}: run prepare.py again (with --force)")
     return files
@@ -587,7 +596,8 @@ def _document_batches(paths, batch_size=128, seed=None):
 
 
 def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_size=None, seed=None):
-    """BOS-aligned best-fit packing: yields (inputs, targets, epoch) forever. seed (train split only; an int, e.g.
+    """BOS-aligned best-fit packing: yields (inputs, targets, epoch) forever. split: train, val (the metric) or
+    holdout (hidden from the search: report.py --holdout). seed (train split only; an int, e.g.
     $AUTORESEARCH_SEED): the documents come in an order shuffled by it, anew every epoch; None: file order.
 
     inputs, targets: int64[B, T] on device, targets = inputs shifted by one. Every row starts with BOS
@@ -596,12 +606,16 @@ def make_dataloader(tokenizer, B, T, split, device="cpu", prepared=None, buffer_
     document in the batch comes from: the train split wraps into epoch 2, 3, ... on a small corpus. On CUDA the host buffer is pinned and the copy is non-blocking.
     Raises PrepareError if the split has no data.
     """
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    if split == "val" and seed is not None:
-        raise ValueError("the val split is read in one fixed order: no seed")
+    if split not in ("train", "val", "holdout"):
+        raise ValueError(f"split must be 'train', 'val' or 'holdout', got {split!r}")
+    if split != "train" and seed is not None:
+        raise ValueError(f"the {split} split is read in one fixed order: no seed")
     prepared = prepared or load_prepared()
-    paths = train_files(prepared) if split == "train" else [prepared.data_dir / prepared.val_name]
+    if split == "holdout" and prepared.holdout_name is None:
+        raise PrepareError(f"the data in {prepared.root} was prepared before holdout splits existed: re-run prepare.py "
+                           "with --force to have one (this changes the frozen inputs: start a new tag after)")
+    paths = (train_files(prepared) if split == "train" else
+             [prepared.data_dir / (prepared.val_name if split == "val" else prepared.holdout_name)])
     # A big buffer packs training rows tighter; a small one lets evaluation use nearly all of a small val
     # split before the buffer has to pull documents from a second pass.
     buffer_size = buffer_size or (1000 if split == "train" else 64)
@@ -730,7 +744,7 @@ def check_causality(model, x, vocab_size, base=None, tol=CAUSALITY_TOL, generato
 
 
 @torch.no_grad()
-def _score_bpb(model, tokenizer, batch_size, prepared, device):
+def _score_bpb(model, tokenizer, batch_size, prepared, device, split="val"):
     """The metric itself, shared by evaluate_bpb (in train.py's process) and evaluate_artifact (a fresh one).
 
     Scores exactly EVAL_TOKENS // MAX_SEQ_LEN rows of MAX_SEQ_LEN val tokens, whatever batch_size is: the
@@ -746,7 +760,7 @@ def _score_bpb(model, tokenizer, batch_size, prepared, device):
     probed = set(draw.sample(range(n_batches), n_probes))
     generator = torch.Generator().manual_seed(draw.getrandbits(63))
     token_bytes = get_token_bytes(device, prepared)
-    loader = make_dataloader(tokenizer, batch_size, T, "val", device=device, prepared=prepared)
+    loader = make_dataloader(tokenizer, batch_size, T, split, device=device, prepared=prepared)
     total_nats = torch.zeros((), dtype=torch.float64, device=device)
     total_bytes = torch.zeros((), dtype=torch.int64, device=device)
     for i in range(n_batches):
@@ -936,7 +950,7 @@ def default_device():
     return torch.device("cpu")
 
 
-def evaluate_artifact(path, device=None, prepared=None):
+def evaluate_artifact(path, device=None, prepared=None, split="val"):
     """The separate evaluator behind `prepare.py --evaluate`: score the program export_model wrote.
 
     Runs the shared scoring (_score_bpb) on the artifact in float32, EVAL_BATCH_ROWS rows per call, on
@@ -944,7 +958,8 @@ def evaluate_artifact(path, device=None, prepared=None):
     the bf16 of train.py's own evaluation). Returns {"val_bpb": float, "eval_seconds": float, "eval_tokens":
     int, "frozen_inputs": the sha256 hex digest of frozen_inputs, taken before scoring}. Raises
     ArtifactError (missing, corrupt or failing artifact), ValueError (logits of the wrong shape or dtype,
-    non-finite logits), CausalityError, PrepareError (no prepared data or val split).
+    non-finite logits), CausalityError, PrepareError (no prepared data or val split). split="holdout" scores the
+    hidden holdout split instead (the same number of tokens), for report.py --holdout.
     """
     prepared = prepared or load_prepared()
     digest = frozen_inputs(prepared)["digest"]
@@ -963,7 +978,7 @@ def evaluate_artifact(path, device=None, prepared=None):
                                 f"export it through evaluate_bpb, which traces exactly that input shape") from e
 
     t0 = time.time()
-    bpb, tokens = _score_bpb(model, tokenizer, EVAL_BATCH_ROWS, prepared, device)
+    bpb, tokens = _score_bpb(model, tokenizer, EVAL_BATCH_ROWS, prepared, device, split)
     return {"val_bpb": bpb, "eval_seconds": time.time() - t0, "eval_tokens": tokens, "frozen_inputs": digest}
 
 
@@ -979,15 +994,18 @@ def frozen_inputs(prepared=None):
     """sha256 of everything that fixes the metric, keyed by role so that a copy elsewhere hashes the same.
 
     Roles: "prepare.py" (this file's bytes, wherever it runs from), "prepared.json" (dataset and profile
-    constants), "tokenizer.pkl", "token_bytes", "val/<file name>". Returns {"digest": sha256 hex of the
-    sorted "role:sha256" lines, "files": {role: sha256 hex}, "evaluator_only": [absolute paths that the
-    training process must not read: the val split, and the --source files it was cut from]}. Raises PrepareError if one of the files is missing.
+    constants), "tokenizer.pkl", "token_bytes", "val/<file name>", "holdout/<file name>" (when there is one).
+    Returns {"digest": sha256 hex of the sorted "role:sha256" lines, "files": {role: sha256 hex},
+    "evaluator_only": [absolute paths that the training process must not read: the val and holdout splits, and
+    the --source files they were cut from]}. Raises PrepareError if one of the files is missing.
     """
     prepared = prepared or load_prepared()
     val_path = (prepared.data_dir / prepared.val_name).resolve()
     paths = {"prepare.py": Path(__file__), "prepared.json": _meta_path(prepared.root),
              "tokenizer.pkl": prepared.tokenizer_dir / "tokenizer.pkl", "token_bytes": prepared.tokenizer_dir / "token_bytes.pt",
              f"val/{prepared.val_name}": val_path}
+    holdout = [(prepared.data_dir / prepared.holdout_name).resolve()] if prepared.holdout_name else []
+    paths.update({f"holdout/{p.name}": p for p in holdout})
     try:
         files = {role: _sha256(p) for role, p in paths.items()}
     except OSError as e:
@@ -996,7 +1014,7 @@ def frozen_inputs(prepared=None):
     digest = hashlib.sha256("".join(f"{role}:{h}\n" for role, h in sorted(files.items())).encode()).hexdigest()
     # a --source corpus holds the val documents too (convert_source re-cuts them exactly): out of reach as well
     source = [str(Path(prepared.source).resolve())] if prepared.dataset == "local" and Path(prepared.source).exists() else []
-    return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *source]}
+    return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *map(str, holdout), *source]}
 
 # ---------------------------------------------------------------------------
 # Main
@@ -1038,7 +1056,7 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     try:
         counts = {}
         if dataset == "climbmix":  # downloads are validated file by file and shared by every climbmix profile
-            data_dir, val_name = root / "data" / "climbmix", VAL_SHARD_NAME
+            data_dir, val_name, holdout_name = root / "data" / "climbmix", VAL_SHARD_NAME, HOLDOUT_SHARD_NAME
             download_climbmix(data_dir, num_shards, workers, base_url=base_url, backoff=backoff)
         else:
             if dataset == "tinystories":
@@ -1049,13 +1067,14 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
                                        progress=True)]
             else:
                 files = source_files(source)
-            data_dir, val_name = root / "data" / dataset, LOCAL_VAL_NAME
+            data_dir, val_name, holdout_name = root / "data" / dataset, LOCAL_VAL_NAME, LOCAL_HOLDOUT_NAME
             staged_data = root / "data" / f"{dataset}.new"
             print(f"Data: converting {len(files)} file(s) -> {data_dir}")
             counts = convert_source(files, staged_data, profile.doc_chars)
         reuse_tokenizer = same and not force  # climbmix re-run that only adds shards
         staged_tokenizer = None if reuse_tokenizer else root / "tokenizer.new"
-        staged = Prepared(root, dataset, source_id, profile, staged_data or data_dir, val_name, staged_tokenizer)
+        staged = Prepared(root, dataset, source_id, profile, staged_data or data_dir, val_name, staged_tokenizer,
+                          holdout_name)
         if reuse_tokenizer:
             print(f"Tokenizer: already trained at {staged.tokenizer_dir}")
         else:
@@ -1084,7 +1103,7 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
     meta = {"dataset": dataset, "source": source_id, "profile": profile.name, "data_dir": str(data_dir.relative_to(root)),
-            "val_name": val_name, "max_seq_len": profile.max_seq_len, "eval_tokens": profile.eval_tokens,
+            "val_name": val_name, "holdout_name": holdout_name, "max_seq_len": profile.max_seq_len, "eval_tokens": profile.eval_tokens,
             "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars,
             "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **counts}
     _write_atomic(meta_path, json.dumps(meta, indent=2).encode())
@@ -1093,9 +1112,10 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     return load_prepared(root)
 
 
-def evaluate_main(artifact, device=None):
-    """`--evaluate`: score the artifact and print the summary block the harness parses. Returns the exit code.
-    $AUTORESEARCH_THREADS, when set, fixes the CPU thread count (as train.py's)."""
+def evaluate_main(artifact, device=None, split="val"):
+    """`--evaluate`: score the artifact and print the summary block the harness parses (`split: holdout` added when
+    it scored the holdout). Returns the exit code. $AUTORESEARCH_THREADS, when set, fixes the CPU thread count (as
+    train.py's)."""
     if os.environ.get("AUTORESEARCH_THREADS"):
         torch.set_num_threads(int(os.environ["AUTORESEARCH_THREADS"]))
     if device is not None:
@@ -1107,9 +1127,9 @@ def evaluate_main(artifact, device=None):
         if not available.get(device.type, False):
             raise PrepareError(f"--device {device}: not available here; leave --device out to pick cuda, mps or cpu")
     device = device if device is not None else default_device()
-    print(f"evaluate: {artifact} on {device.type}", flush=True)
+    print(f"evaluate: {artifact} on {device.type}, {split} split", flush=True)
     try:
-        result = evaluate_artifact(artifact, device)
+        result = evaluate_artifact(artifact, device, split=split)
     except (ArtifactError, CausalityError, ValueError) as e:
         print(f"prepare.py: error: {e}", file=sys.stderr)
         return 1
@@ -1118,6 +1138,8 @@ def evaluate_main(artifact, device=None):
     print(f"eval_seconds:     {result['eval_seconds']:.1f}")
     print(f"eval_tokens:      {result['eval_tokens']}")
     print(f"frozen_inputs:    {result['frozen_inputs']}")
+    if split != "val":
+        print(f"split:            {split}")
     return 0
 
 
@@ -1137,6 +1159,8 @@ def main(argv=None):
     parser.add_argument("--frozen-inputs", action="store_true",
                         help="print JSON: sha256 digest of prepare.py, tokenizer and val split, and the evaluator-only paths")
     parser.add_argument("--evaluate", metavar="ARTIFACT", help="score a model artifact written by evaluate_bpb (AUTORESEARCH_ARTIFACT)")
+    parser.add_argument("--split", choices=("val", "holdout"), default="val",
+                        help="with --evaluate: the split to score (holdout: hidden from the search; report.py --holdout)")
     parser.add_argument("--device", help="device for --evaluate (default: cuda, else mps, else cpu)")
     args = parser.parse_args(argv)
     try:
@@ -1144,7 +1168,7 @@ def main(argv=None):
             print(json.dumps(frozen_inputs()))
             return 0
         if args.evaluate:
-            return evaluate_main(args.evaluate, args.device)
+            return evaluate_main(args.evaluate, args.device, args.split)
         if args.check:
             prepared = load_prepared()
             val_path = prepared.data_dir / prepared.val_name

@@ -21,12 +21,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import git
 from matplotlib.figure import Figure  # the object API needs no pyplot backend: safe headless and in Jupyter
 from matplotlib.ticker import MaxNLocator
 
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag)
+from harness.errors import SetupError
+from harness.gitops import harness_dir
+from harness.session import holdout_summary
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -363,6 +367,16 @@ def noise_of(run):
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
+def holdout_of(run):
+    """report.py --holdout: the holdout line of the run's tag (harness.session.holdout_summary), found through the
+    git repository holding results.tsv. ValueError when the run has no events (no tag to find its artifacts)."""
+    if run.events is None or run.tag is None:
+        raise ValueError("needs the run's events.jsonl (its tag names the saved artifacts)")
+    repo = git.Repo(run.path.parent, search_parent_directories=True)
+    history = experiment_events(run.events, run.tag)
+    return holdout_summary(harness_dir(repo, run.tag), history, run.metric_name, run.goal)
+
+
 def is_smoke(row):
     """A row of a run with a shortened budget: its description starts with the harness's smoke label."""
     return SMOKE_LABEL.match(row.description) is not None
@@ -375,6 +389,9 @@ def main(argv=None):
     parser.add_argument("--events", help="events.jsonl (default: the one next to results.tsv, if any)")
     parser.add_argument("--tag", help="only the experiments of this run tag (needs the events file)")
     parser.add_argument("--png", help="where to write the plot (default: progress.png next to results.tsv)")
+    parser.add_argument("--holdout", action="store_true", help="also re-score the baseline and the best on the hidden "
+                        "holdout split (their saved model artifacts, the tag's pristine prepare.py): the gain on data "
+                        "the search never saw, beside the one it reported")
     parser.add_argument("--goal", choices=("min", "max"), help="is a lower or higher metric better (default: "
                         "METRIC_GOAL in prepare.py next to results.tsv, else guessed from the metric name)")
     args = parser.parse_args(argv)
@@ -409,6 +426,13 @@ def main(argv=None):
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))
+    if args.holdout:
+        print()
+        try:
+            print(holdout_of(run))
+        except (SetupError, ValueError) as e:
+            print(f"error: --holdout: {e}", file=sys.stderr)
+            return 2
     png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title,
                         noise_sd=noise_sd)
     print(f"\nwrote {png}")

@@ -16,8 +16,6 @@ added     = median(agent) - median(plain). Target: <= 5 % of 300 s.
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPORA = ROOT.parent / "shared" / "data" / "corpora"
+from benchrepo import ROOT, bench_repo
 
 
 def main():
@@ -37,22 +34,7 @@ def main():
     p.add_argument("--sandbox", default="auto", choices=("auto", "off"), help="agent.py's --sandbox (default auto)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-        env["AUTORESEARCH_CACHE"] = os.environ.get("AUTORESEARCH_CACHE") or str(tmp / "cache")
-        env["AUTORESEARCH_TIME_BUDGET"] = f"{args.budget:g}"
-        ready = subprocess.run([sys.executable, "prepare.py", "--check"], cwd=ROOT, env=env, capture_output=True)
-        if ready.returncode != 0:
-            subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu"], cwd=ROOT,
-                           env=env, check=True, capture_output=True)
-        repo = tmp / "repo"
-        repo.mkdir()
-        for name in ("prepare.py", "train.py", "program.md", ".gitignore"):
-            shutil.copy(ROOT / name, repo / name)
-        subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
-        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-        subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"], cwd=repo,
-                       check=True)
+        repo, env = bench_repo(Path(tmp), args.budget)
 
         plain, plain_eval = [], []
         for _ in range(args.runs):

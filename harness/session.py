@@ -30,7 +30,8 @@ from harness.edits import clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.redact import redact
-from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
+from harness.target import (FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants,
+                            run_prepare, score_holdout)
 
 RUN_LOG = "run.log"
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
@@ -220,6 +221,10 @@ def train_candidate(s, n, attempt, commit, run=0, again=False):
         outcome = runner.run(spec)
     finally:                                                   # also on Ctrl-C
         problems = guard.check(s.repo, snapshot[0], sandboxed=s.wrap is not None, frozen=s.frozen_rels)
+        if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).is_file():   # for report.py --holdout
+            saved = artifact_path(s.home, n, s.evaluation["artifact"])
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / s.evaluation["artifact"], saved)
         shutil.rmtree(run_dir, ignore_errors=True)
         if log.exists():
             shutil.copyfile(log, s.target / RUN_LOG)
@@ -231,6 +236,29 @@ def train_candidate(s, n, attempt, commit, run=0, again=False):
           frozen_tampered=outcome.tampered, outside=problems, log=str(log),
           log_tail=outcome.log_tail if outcome.metric is None else "")
     return outcome
+
+
+def artifact_path(home, n, name):
+    """Where experiment n's model artifact is kept (its last run's) in the tag's harness dir: only the baseline's and
+    the best's stay (record prunes the others), for `report.py --holdout`."""
+    return Path(home) / "artifacts" / f"{n:04d}-{name}"
+
+
+def holdout_summary(home, history, metric, goal):
+    """One line comparing the gain the search reported on its own split with the gain on the hidden holdout split:
+    the baseline's and the best's saved artifacts re-scored there (see artifact_path, target.score_holdout). history:
+    the tag's "experiment" events. Raises SetupError when it cannot be measured (no artifacts, no holdout)."""
+    best = [e for e in history if e["status"] == "keep"][-1]
+    found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (history[0], best)]
+    if None in found:
+        raise SetupError(f"no saved model artifact of experiment #{history[0]['n'] if found[0] is None else best['n']} "
+                         f"in {Path(home) / 'artifacts'} (runs before artifacts were kept, or a target without a "
+                         "separate evaluation)")
+    base, top = (score_holdout(Path(home) / "frozen", path, metric) for path in found)
+    sign = 1 if goal == "min" else -1
+    return (f"holdout      baseline {base:.6f}, best #{best['n']} {top:.6f}: gain {sign * (base - top):+.6f} on the "
+            f"holdout the search never saw, {sign * (history[0]['metric'] - best['metric']):+.6f} reported on "
+            f"{metric}'s own split")
 
 
 def seed_of(n, run):
@@ -288,6 +316,10 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
     s.history.append(event)
+    best = n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
+    for path in (s.home / "artifacts").glob("*"):               # only the baseline's and the best's stay
+        if int(path.name.split("-")[0]) not in (0, best):
+            path.unlink()
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
     best = outcome.metric if status == "keep" else s.best_metric
     shown = f"{outcome.metric:.6f}" if outcome.metric is not None else "-"

@@ -134,6 +134,25 @@ def test_uniform_artifact_scores_log2_vocab_times_tokens_per_byte(cache, tokeniz
     assert float(parse_summary(cli.stdout)["val_bpb"]) == pytest.approx(expected, abs=1e-6)
 
 
+def test_the_holdout_split_is_scored_the_same_way_on_its_own_tokens(cache, tokenizer, tmp_path):
+    """--split holdout: the same metric on the hidden holdout split (report.py --holdout), hand-computed for the
+    uniform model from that split's own tokens, and marked in the summary."""
+    V, T = 320, 64
+    _, y, _ = next(P.make_dataloader(tokenizer, ROWS, T, "holdout", prepared=cache))
+    nbytes = P.get_token_bytes(prepared=cache)[y.reshape(-1)]
+    expected = math.log2(V) * (nbytes > 0).sum().item() / nbytes.sum().item()
+    P.export_model(Uniform(V), tmp_path / "uniform.pt2", cache)
+    assert P.evaluate_artifact(tmp_path / "uniform.pt2", "cpu", cache, split="holdout")["val_bpb"] == \
+        pytest.approx(expected, rel=1e-6)
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache.root)}
+    env.pop(P.ARTIFACT_ENV, None)
+    cli = subprocess.run([sys.executable, str(REPO / "prepare.py"), "--evaluate", str(tmp_path / "uniform.pt2"),
+                          "--device", "cpu", "--split", "holdout"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    summary = parse_summary(cli.stdout)
+    assert summary["split"] == "holdout" and float(summary["val_bpb"]) == pytest.approx(expected, abs=1e-6)
+
+
 def test_plain_function_and_compiled_module_export(cache, tmp_path):
     """train.py may pass a torch.compile'd module (its _orig_mod is exported) or a plain function."""
     model = Bigram(320)
@@ -392,9 +411,11 @@ def frozen_cli(script, cache_root, cwd):
 
 def test_frozen_inputs_digest_is_stable_across_copies_and_tracks_changes(cache, tmp_path):
     here = P.frozen_inputs(cache)
-    assert set(here["files"]) == {"prepare.py", "prepared.json", "tokenizer.pkl", "token_bytes", "val/val.parquet"}
-    # the val split, and the --source text it was cut from (which holds the val documents too)
-    assert here["evaluator_only"] == [str((cache.data_dir / "val.parquet").resolve()), str(Path(cache.source).resolve())]
+    assert set(here["files"]) == {"prepare.py", "prepared.json", "tokenizer.pkl", "token_bytes", "val/val.parquet",
+                                  "holdout/holdout.parquet"}
+    # the val and holdout splits, and the --source text they were cut from (which holds their documents too)
+    assert here["evaluator_only"] == [str((cache.data_dir / "val.parquet").resolve()),
+                                      str((cache.data_dir / "holdout.parquet").resolve()), str(Path(cache.source).resolve())]
     lines = "".join(f"{role}:{h}\n" for role, h in sorted(here["files"].items()))
     assert here["digest"] == hashlib.sha256(lines.encode()).hexdigest()
     # a pristine copy of prepare.py elsewhere, run from another directory, gives the same digest

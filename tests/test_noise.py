@@ -6,6 +6,7 @@ baseline runs measure the noise floor; a no-op is (almost) never kept with confi
 """
 
 import statistics
+from pathlib import Path
 
 import git
 
@@ -121,3 +122,17 @@ def test_a_run_at_another_throughput_is_run_again_before_it_is_judged(target):
     assert first.endswith("0001-0.log") and again.endswith("0001-0-again.log")
     assert [(e["status"], e["tokens_per_sec"]) for e in events(target, "experiment")] == \
         [("keep", 1000.0), ("discard", 500.0)]
+
+
+def test_the_holdout_rescored_at_the_end_of_a_run_and_by_report(target, capsys):
+    """The baseline's and the best's artifacts are kept (a discard's is not) and re-scored on the hidden holdout split
+    (the stand-in scores it 0.02 worse than val) at the end of the loop and by `report.py --holdout`."""
+    with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("lower LR", "LR = 0.05", "LR = 0.03")]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--max-experiments", "2"]) == 0
+    line = ("holdout      baseline 1.128000, best #1 1.028000: gain +0.100000 on the holdout the search never saw, "
+            "+0.100000 reported on val_bpb's own split")
+    assert line in capsys.readouterr().out
+    kept = sorted(p.name for p in (Path(git.Repo(target).git_dir) / "autoresearch" / "t" / "artifacts").iterdir())
+    assert kept == ["0000-artifact", "0001-artifact"]
+    assert report.main([str(target), "--holdout"]) == 0 and line in capsys.readouterr().out

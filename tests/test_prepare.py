@@ -87,17 +87,22 @@ def test_split_text_groups_paragraphs_deterministically():
     assert P.split_text(text, 120) == docs
 
 
-def test_convert_source_holds_out_val_blocks(tmp_path):
+def test_convert_source_holds_out_val_and_holdout_blocks_disjoint_from_training(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     lines = [json.dumps({"text": f"document number {i}"}) for i in range(200)]
     (src / "a.jsonl").write_text("\n".join(lines) + "\n")
     counts = P.convert_source(P.source_files(src), tmp_path / "data", 100)
-    assert counts == {"train_docs": 184, "val_docs": 16, "replaced_chars": 0}  # blocks 9 and 19 of 8 documents
+    # val: blocks 9 and 19 of 8 documents; holdout: blocks 4, 14 and 24
+    assert counts == {"train_docs": 160, "val_docs": 16, "holdout_docs": 24, "replaced_chars": 0}
     val = pq.read_table(tmp_path / "data" / "val.parquet").column("text").to_pylist()
     assert val == [f"document number {i}" for i in list(range(72, 80)) + list(range(152, 160))]
+    holdout = pq.read_table(tmp_path / "data" / "holdout.parquet").column("text").to_pylist()
+    assert holdout == [f"document number {i}" for i in [*range(32, 40), *range(112, 120), *range(192, 200)]]
     train = pq.read_table(tmp_path / "data" / "shard_00000.parquet").column("text").to_pylist()
-    assert len(train) == 184 and not set(val) & set(train)
+    assert len(train) == 160 and not set(val) & set(train) and not set(holdout) & (set(train) | set(val))
+    prepared = P.Prepared(tmp_path, "local", "x", TINY, tmp_path / "data", "val.parquet", holdout_name="holdout.parquet")
+    assert [p.name for p in P.train_files(prepared)] == ["shard_00000.parquet"]
 
 
 def test_undecodable_bytes_replaced_and_counted_or_rejected(tmp_path):
@@ -389,13 +394,15 @@ def test_unresolvable_host_fails_at_once_without_retries(tmp_path, capsys):
     assert "attempt" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
-def test_climbmix_download_pins_the_val_shard(server, tmp_path):
+def test_climbmix_download_pins_the_val_and_holdout_shards(server, tmp_path):
     url, files, _ = server
-    for name in ("shard_00000.parquet", "shard_00001.parquet", P.VAL_SHARD_NAME):
+    for name in ("shard_00000.parquet", "shard_00001.parquet", P.VAL_SHARD_NAME, P.HOLDOUT_SHARD_NAME):
         files[f"/{name}"] = parquet_bytes(40)
     P.download_climbmix(tmp_path, 2, 2, base_url=url, backoff=0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06542.parquet"]
-    prepared = P.Prepared(tmp_path, "climbmix", url, TINY, tmp_path, P.VAL_SHARD_NAME)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet",
+                                                          "shard_06541.parquet", "shard_06542.parquet"]
+    prepared = P.Prepared(tmp_path, "climbmix", url, TINY, tmp_path, P.VAL_SHARD_NAME,
+                          holdout_name=P.HOLDOUT_SHARD_NAME)
     assert [p.name for p in P.train_files(prepared)] == ["shard_00000.parquet", "shard_00001.parquet"]
 
 

@@ -1,0 +1,34 @@
+"""
+BENCHMARK helper: the setting the agent benchmarks share. A prepared cpu-profile cache (the one in
+$AUTORESEARCH_CACHE if it is ready, else one made from ../shared/data/corpora in the temporary folder) and a
+throwaway git repository holding this project's prepare.py, train.py and program.md, committed on main.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPORA = ROOT.parent / "shared" / "data" / "corpora"
+
+
+def bench_repo(tmp, budget):
+    """(repo dir, environment) under the folder tmp: the environment has no API keys, the prepared cache and
+    AUTORESEARCH_TIME_BUDGET = budget seconds."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env["AUTORESEARCH_CACHE"] = os.environ.get("AUTORESEARCH_CACHE") or str(tmp / "cache")
+    env["AUTORESEARCH_TIME_BUDGET"] = f"{budget:g}"
+    ready = subprocess.run([sys.executable, "prepare.py", "--check"], cwd=ROOT, env=env, capture_output=True)
+    if ready.returncode != 0:
+        subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu"], cwd=ROOT,
+                       env=env, check=True, capture_output=True)
+    repo = tmp / "repo"
+    repo.mkdir()
+    for name in ("prepare.py", "train.py", "program.md", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"], cwd=repo, check=True)
+    return repo, env
