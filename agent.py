@@ -39,7 +39,7 @@ from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_
 from harness.runner import become_subreaper
 from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, describe, duplicate_of,
                              file_at_bytes, holdout_summary, open_session, record, tokens_per_sec,
-                             train_candidate)
+                             touched_by, train_candidate)
 from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
 
 # ---------------------------------------------------------------------------
@@ -181,7 +181,8 @@ def propose(s, n):
     repairs), or None if no answer could be repaired."""
     train_src = best_source(s)
     prompt = PROPOSE_PROMPT.format(program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric,
-                                   goal=goal_word(s.goal), history=format_history(s.history, s.metric, margin(s)),
+                                   goal=goal_word(s.goal), history=format_history(s.history, s.metric, margin(s),
+                                                                          touched_by(s)),
                                    train=train_src)
     s.status(n, "proposing")
     proposal = ask_for_edit(s, n, [{"role": "user", "content": prompt}], train_src)

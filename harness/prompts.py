@@ -93,10 +93,12 @@ def goal_word(goal):
     return "lower" if goal == "min" else "higher"
 
 
-def format_history(history, metric, margin=0.0):
+def format_history(history, metric, margin=0.0, touched=None):
     """A tag's "experiment" events as a table with each one's change vs the best it was measured against (delta);
-    beyond HISTORY_ROWS, older rows are summarised (their kept ones listed); then the near-misses: discards that
-    came within the noise margin of their base, the newest NEAR_MISSES, as ideas to combine."""
+    beyond HISTORY_ROWS, older rows are grouped by what they touched (touched: n -> the UPPER_CASE constants an
+    experiment changed, or "code") with their counts and best and worst deltas, and their kept ones listed; then the
+    near-misses: discards that came within the noise margin of their base, the newest NEAR_MISSES, as ideas to
+    combine."""
     if not history:
         return "(none yet)"
     old, new = history[:-HISTORY_ROWS], history[-HISTORY_ROWS:]
@@ -104,7 +106,17 @@ def format_history(history, metric, margin=0.0):
     if old:
         counts = collections.Counter(e["status"] for e in old)
         lines.append(f"({len(old)} older experiments: {counts['keep']} keep, {counts['discard']} discard, "
-                     f"{counts['crash']} crash; their kept ones:)")
+                     f"{counts['crash']} crash; by what they changed:)")
+        groups = collections.defaultdict(list)
+        for e in old[1:]:                       # the baseline changed nothing
+            groups[(touched or {}).get(e["n"], "?")].append(e)
+        for what, group in sorted(groups.items(), key=lambda item: -len(item[1])):
+            deltas = sorted(e["metric"] - e["base_metric"] for e in group if delta(e) != "-")
+            spread = f", deltas {deltas[0]:+.6f} .. {deltas[-1]:+.6f}" if deltas else ""
+            status = collections.Counter(e["status"] for e in group)
+            lines.append(f"  {what}: {len(group)} tried ({status['keep']} keep, {status['discard']} discard, "
+                         f"{status['crash']} crash){spread}")
+        lines.append("(their kept ones:)")
         new = [e for e in old if e["status"] == "keep"] + new
     lines += [f"{e['n']}\t{delta(e)}\t{results_row(e)}" for e in new]
     near = [e for e in history if e["status"] == "discard" and delta(e) != "-"

@@ -15,8 +15,10 @@ of the tag's base commit (frozen/); the branch moves only by update-ref, to a me
 import argparse
 import collections
 import dataclasses
+import difflib
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -34,6 +36,7 @@ from harness.target import (FROZEN, check_target, default_timeout, effective_bud
                             run_prepare, score_holdout)
 
 RUN_LOG = "run.log"
+CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=")     # an UPPER_CASE constant's assignment line in train.py
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
 # The CPU thread count of every run (train.py and the evaluator, through AUTORESEARCH_THREADS): fixed, so that CPU
 # runs are comparable; the cores this process may use.
@@ -78,6 +81,7 @@ class Session:
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
     recorded: bool = False              # `try`: this invocation's experiment is recorded
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
+    touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)
 
     @property
     def next_n(self):
@@ -141,6 +145,20 @@ def duplicate_of(s, source):
         if s.blobs[e["n"]] == blob:
             return e
     return None
+
+
+def touched_by(s):
+    """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants on the lines it changed (e.g.
+    "DEPTH, MATRIX_LR"), or "code" when it changed none; cached, for the prompt's grouped older history."""
+    for e in s.history[1:]:
+        if e["n"] not in s.touched and e.get("base") and e.get("full_commit"):
+            before = gitops.file_at(s.repo, e["base"], s.train_rel).splitlines()
+            after = gitops.file_at(s.repo, e["full_commit"], s.train_rel).splitlines()
+            changed = [line[1:] for line in difflib.unified_diff(before, after, lineterm="", n=0)
+                       if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+            names = sorted({m.group(1) for line in changed if (m := CONSTANT.match(line))})
+            s.touched[e["n"]] = ", ".join(names) or "code"
+    return s.touched
 
 
 def describe(e, metric):

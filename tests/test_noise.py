@@ -12,6 +12,7 @@ import git
 
 import agent
 import report
+from harness import prompts
 from agent_target import NOISE_SD, edit, make_noisy_target
 from llm_server import ScriptedLLM
 from test_agent import events, rows
@@ -136,3 +137,32 @@ def test_the_holdout_rescored_at_the_end_of_a_run_and_by_report(target, capsys):
     kept = sorted(p.name for p in (Path(git.Repo(target).git_dir) / "autoresearch" / "t" / "artifacts").iterdir())
     assert kept == ["0000-artifact", "0001-artifact"]
     assert report.main([str(target), "--holdout"]) == 0 and line in capsys.readouterr().out
+
+
+def test_older_history_is_grouped_by_what_it_changed():
+    """Beyond the newest HISTORY_ROWS experiments, the prompt groups the older ones by the constants they touched."""
+    def event(n, status, metric, base_metric):
+        return {"n": n, "status": status, "metric": metric, "base_metric": base_metric, "commit": f"c{n:06d}",
+                "memory_gb": 1.0, "description": f"idea {n}", "tag": "t"}
+    old = [event(0, "keep", 1.2, None), event(1, "keep", 1.1, 1.2), event(2, "discard", 1.15, 1.1),
+           event(3, "crash", 0.0, 1.1)]
+    history = old + [event(n, "discard", 1.2, 1.1) for n in range(4, 4 + prompts.HISTORY_ROWS)]
+    text = prompts.format_history(history, "val_bpb", 0.0, {1: "LR", 2: "LR", 3: "code"})
+    assert "(4 older experiments: 2 keep, 1 discard, 1 crash; by what they changed:)\n" \
+           "  LR: 2 tried (1 keep, 1 discard, 0 crash), deltas -0.100000 .. +0.050000\n" \
+           "  code: 1 tried (0 keep, 0 discard, 1 crash)\n(their kept ones:)\n0\t-\tc000000" in text
+    assert "\n1\t-0.100000\tc000001\t1.100000" in text and "\n2\t" not in text and "\n3\t" not in text
+
+
+def test_what_an_edit_touched_comes_from_its_diff(target, monkeypatch):
+    """In a real loop (the table cut to 1 row): the older experiments are grouped by the constants their diff
+    changed, or "code"."""
+    monkeypatch.setattr(prompts, "HISTORY_ROWS", 1)
+    answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("a comment", "SLEEP = 0.0", "SLEEP = 0.0  # idle"),
+               edit("deeper", "DEPTH = 8", "DEPTH = 9"), edit("shallower", "DEPTH = 8", "DEPTH = 7")]
+    with ScriptedLLM(answers) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--max-experiments", "4"]) == 0
+    prompt = llm.requests[-1][1]["messages"][-1]["content"]
+    assert "  LR: 1 tried (1 keep, 0 discard, 0 crash), deltas -0.100000 .. -0.100000" in prompt
+    assert "  SLEEP: 1 tried (0 keep, 1 discard, 0 crash), deltas +0.000000 .. +0.000000" in prompt
