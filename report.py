@@ -198,14 +198,17 @@ def format_summary(s):
     return "\n".join(lines)
 
 
-def format_kept(table, metric_name):
-    """The kept commits as a plain text table."""
+def format_kept(table, metric_name, runs=None):
+    """The kept commits as a plain text table; runs: {commit: [metric of each run]} (from the events) adds, for a
+    commit measured more than once, its runs under it (the metric column is their mean)."""
     if not table:
         return "kept commits: none"
     width = max(len(metric_name), 9)
     lines = [f"{'commit':<8} {metric_name:>{width}} {'gain':>10}  description"]
     for t in table:
         lines.append(f"{t['commit']:<8} {t['metric']:>{width}.6f} {_signed(t['gain']):>10}  {t['description']}")
+        if len((runs or {}).get(t["commit"]) or []) > 1:
+            lines.append(f"{'':<8} {'':>{width}} {'':>10}    runs: {', '.join(f'{m:.6f}' for m in runs[t['commit']])}")
     return "\n".join(lines)
 
 
@@ -418,7 +421,8 @@ def main(argv=None):
         print(f"smoke rows   {len(smoke)} with a shortened budget, apart from the numbers above: "
               + ", ".join(f"{row.commit} {row.status}" for row in smoke[:10]) + (" ..." if len(smoke) > 10 else ""))
     print()
-    print(format_kept(kept_table(rows, run.goal), run.metric_name))
+    runs = {e["commit"]: e.get("runs") for e in experiment_events(run.events or [], run.tag)}
+    print(format_kept(kept_table(rows, run.goal), run.metric_name, runs))
     noise_sd, runs = noise_of(run)
     if noise_sd:
         print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds); a keep had to beat the best by the "

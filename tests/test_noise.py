@@ -86,6 +86,7 @@ def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkey
     out = capsys.readouterr().out
     assert f"noise floor  sd {baseline['noise_sd']:.6f} over 3 baseline runs" in out
     assert "a real gain of 3 sd (2 runs)" in out and (target / "progress.png").stat().st_size > 10_000
+    assert f"runs: {gain['runs'][0]:.6f}, {gain['runs'][1]:.6f}" in out          # each kept commit's runs
 
 
 def test_the_prompt_carries_deltas_near_misses_and_asks_what_an_idea_builds_on(target):
