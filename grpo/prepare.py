@@ -71,6 +71,7 @@ BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 MAX_NEW_TOKENS = 512          # Qwen2.5-0.5B-Instruct's GSM8K solutions are ~150-300 tokens; 512 leaves room
 EVAL_SIZE = 500               # problems of the test split scored per experiment (all of them if the split is smaller)
 EVAL_SEED = 1234              # which 500: a seeded sample of the test split, the same for every experiment
+HOLDOUT_SEED = 4321           # the hidden holdout: up to 500 more test problems, never scored during a search
 EVAL_BATCH_SIZE = 64          # fixed, so that padding (and with it bf16 rounding) is the same in every run
 
 PROMPT_TEMPLATE = (
@@ -386,6 +387,20 @@ def eval_problems() -> list[Problem]:
     if len(test) <= EVAL_SIZE:
         return test
     keep = sorted(random.Random(EVAL_SEED).sample(range(len(test)), EVAL_SIZE))
+    return [test[i] for i in keep]
+
+
+def holdout_problems() -> list[Problem]:
+    """The hidden holdout (report.py --holdout): up to EVAL_SIZE problems of the test split outside eval_problems(),
+    drawn with HOLDOUT_SEED, in file order; the search never scores them. Raises SystemExit when the test split has
+    none beyond the evaluation subset."""
+    test = load_problems("test")
+    used = set(random.Random(EVAL_SEED).sample(range(len(test)), EVAL_SIZE)) if len(test) > EVAL_SIZE else set(
+        range(len(test)))
+    rest = [i for i in range(len(test)) if i not in used]
+    if not rest:
+        raise SystemExit(f"no holdout: the test split's {len(test)} problems are all in the evaluation subset")
+    keep = sorted(random.Random(HOLDOUT_SEED).sample(rest, min(EVAL_SIZE, len(rest))))
     return [test[i] for i in keep]
 
 
@@ -726,16 +741,18 @@ def evaluate_and_report(model, tokenizer, **extra) -> float:
     return result.pass_at_1
 
 
-def evaluate_artifact(directory: Path) -> EvalResult:
-    """pass@1 of the weights in directory/ARTIFACT_WEIGHTS: `prepare.py --evaluate DIR`, in a fresh process.
+def evaluate_artifact(directory: Path, split: str = "eval") -> EvalResult:
+    """pass@1 of the weights in directory/ARTIFACT_WEIGHTS: `prepare.py --evaluate DIR`, in a fresh process. split:
+    eval (the evaluation subset, the metric) or holdout (holdout_problems(), for report.py --holdout).
 
     The model is the base model (load_model: its config, tokenizer, chat template), in float32 with bf16
     autocast on cuda like train.py's policy, with the artifact's weights loaded strictly over it; scoring is
     evaluate(), the code train.py's in-process score runs. Raises SystemExit on a bad artifact (load_artifact).
     """
+    problems = holdout_problems() if split == "holdout" else None
     model, tokenizer = load_model(get_device(), dtype=torch.float32)
     load_artifact(model, directory)
-    return evaluate(model, tokenizer)
+    return evaluate(model, tokenizer, problems)
 
 
 # ---------------------------------------------------------------------------
@@ -837,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace data prepared from another source")
     parser.add_argument("--evaluate", type=Path, metavar="DIR",
                         help=f"score DIR/{ARTIFACT_WEIGHTS} on the base model and print the summary")
+    parser.add_argument("--split", choices=("eval", "holdout"), default="eval",
+                        help="with --evaluate: the evaluation subset (pass@1), or the hidden holdout (report.py --holdout)")
     parser.add_argument("--frozen-inputs", action="store_true",
                         help="print the digest of the files that define pass@1 as JSON")
     args = parser.parse_args(argv)
@@ -844,7 +863,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(frozen_inputs()))
         return 0
     if args.evaluate:
-        print_summary(evaluate_artifact(args.evaluate))
+        extra = {"split": "holdout"} if args.split == "holdout" else {}
+        print_summary(evaluate_artifact(args.evaluate, args.split), **extra)
         return 0
     if args.check:
         message = check()

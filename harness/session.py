@@ -239,10 +239,13 @@ def train_candidate(s, n, attempt, commit, run=0, again=False):
         outcome = runner.run(spec)
     finally:                                                   # also on Ctrl-C
         problems = guard.check(s.repo, snapshot[0], sandboxed=s.wrap is not None, frozen=s.frozen_rels)
-        if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).is_file():   # for report.py --holdout
-            saved = artifact_path(s.home, n, s.evaluation["artifact"])
+        if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).exists():   # for report.py --holdout
+            saved = artifact_path(s.home, n, s.evaluation["artifact"])      # a file, or a folder (GRPO's weights)
             saved.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run_dir / s.evaluation["artifact"], saved)
+            if saved.is_dir():
+                shutil.rmtree(saved)
+            saved.unlink(missing_ok=True)
+            os.replace(run_dir / s.evaluation["artifact"], saved)         # moved, not copied: run_dir goes anyway
         shutil.rmtree(run_dir, ignore_errors=True)
         if log.exists():
             shutil.copyfile(log, s.target / RUN_LOG)
@@ -337,7 +340,10 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     best = n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
     for path in (s.home / "artifacts").glob("*"):               # only the baseline's and the best's stay
         if int(path.name.split("-")[0]) not in (0, best):
-            path.unlink()
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
     best = outcome.metric if status == "keep" else s.best_metric
     shown = f"{outcome.metric:.6f}" if outcome.metric is not None else "-"

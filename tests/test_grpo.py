@@ -222,6 +222,10 @@ def test_check_then_source_then_check(capsys):
     subset = prepare.eval_problems()
     assert len(subset) == 500 and len({p.question for p in subset}) == 500
     assert [p.question for p in subset] == [p.question for p in prepare.eval_problems()]
+    # the hidden holdout (report.py --holdout): 500 other test problems, never in the evaluation subset
+    holdout = prepare.holdout_problems()
+    assert len(holdout) == 500 and not {p.question for p in holdout} & {p.question for p in subset}
+    assert [p.question for p in holdout] == [p.question for p in prepare.holdout_problems()]
 
 
 def test_another_source_is_refused_without_force(tiny_dir):
