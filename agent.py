@@ -7,12 +7,15 @@ in the morning.
     uv run agent.py --tag nov30 --target grpo          # another target: a dir with program.md, prepare.py, train.py
     uv run agent.py --help                             # every flag
 
-This file is the loop and its rules, nothing else; research_loop() is program.md's LOOP FOREVER:
-    propose     ask for one idea: an answer -> search/replace edits to train.py, repaired at most twice
-    commit      the new train.py becomes a candidate commit on autoresearch/<tag>
-    run         train it with a hard timeout and parse its summary (a crash may get up to two fixes)
-    judge       keep if the metric strictly improved, else discard (or crash)
-    record      one event, one results.tsv row
+This file is the loop and its rules, nothing else; research_loop() is program.md's LOOP FOREVER, with every device
+busy (--devices, --ray; one device by default):
+    propose     ask for ideas while candidates train (speculation), N different ones in one call when N devices are
+                free: an answer -> search/replace edits to train.py, repaired at most twice
+    commit      a free device takes the next idea: a candidate commit on the best (re-applied if the best moved)
+    run         on its device: train with a hard timeout, evaluate separately (a crash may get up to two fixes)
+    judge       keep if it beats the best it was built on by the noise margin (confirmed), else discard (or crash)
+    record      in experiment order, one at a time: one event, one results.tsv row; a win over a best that moved
+                while it ran is never kept untested: it runs again on the new best
     advance     a kept candidate becomes the branch tip (update-ref); nothing else ever moves the branch
 Every run is hermetic: a fresh export of its commit, sandboxed where bubblewrap works, scored by the frozen
 evaluator in a separate process; your checkout is never switched or reset. What each step uses lives in harness/
@@ -21,6 +24,8 @@ evaluator in a separate process; your checkout is never switched or reset. What 
 
 import argparse
 import collections
+import dataclasses
+import functools
 import os
 import re
 import signal
@@ -29,15 +34,16 @@ import sys
 import time
 from pathlib import Path
 
-from harness import console, ledger
+from harness import cluster, console, ledger
 from harness.edits import EditError, apply_answer, clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import file_at, lock_repo, make_candidate_ref, open_repo
-from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, format_history, goal_word,
-                             program_brief)
+from harness.prompts import (FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, SYSTEM_PROMPT, WAVE_PROMPT, format_history,
+                             goal_word, program_brief)
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S, make_proposer, price_key
+from harness.pool import Pool, parse_devices
 from harness.runner import become_subreaper
-from harness.session import (RUN_LOG, advance_branch, best_source, commit_candidate, describe, duplicate_of,
+from harness.session import (RUN_LOG, THREADS, advance_branch, best_source, commit_candidate, describe, duplicate_of,
                              file_at_bytes, holdout_summary, open_session, record, tokens_per_sec,
                              touched_by, train_candidate)
 from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
@@ -56,26 +62,131 @@ THROUGHPUT_SHARE = 0.25         # a first run whose tokens/s is this far from th
 # ---------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Idea:
+    """A proposal not run yet: the answer (SEARCH/REPLACE blocks against train.py of commit `base`), the train.py it
+    gives, and what asking for it cost (tokens in, tokens out, USD, LLM seconds)."""
+    description: str
+    source: str
+    answer: str
+    base: str
+    repairs: int
+    cost: tuple
+    wave: int
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+    rebased_from: int | None = None     # a superseded winner re-run on the new best
+
+
+@dataclasses.dataclass
+class Job:
+    """A candidate commit on a device: experiment n's attempt `fixes`, built on the best `base` (its metric and
+    tokens/s are what it is judged against)."""
+    n: int
+    idea: Idea
+    commit: str
+    base: str
+    base_metric: float
+    base_tps: float | None
+    fixes: int = 0
+    cost: tuple = (0, 0, 0.0, 0.0)
+
+
 def research_loop(s):
-    """LOOP FOREVER (until a --max-* limit or the breaker): one experiment per turn, as in program.md."""
+    """LOOP FOREVER (until a --max-* limit or the breaker), as in program.md, with every device busy: the proposer is
+    asked for the next ideas while candidates train (speculation; --no-speculate: only when a device is free), each
+    idea becomes a candidate commit on the best as it is when a device frees, the devices train and judge (see
+    measure), and the verdicts are recorded here, one at a time, in experiment order. On one device with
+    --no-speculate that is exactly propose, commit, run, judge, record, advance."""
+    pool = s.pool
     if s.next_n == 0:
         run_baseline(s)
-    while (reason := stop_reason(s)) is None:
-        n, t0, spent0 = s.next_n, time.monotonic(), s.spent()
-        proposal = propose(s, n)                                 # 1. ask for one idea (repaired at most twice)
-        if proposal is None:                                     #    unusable answer: skipped, no training run
-            s.recent_failures.append(True)
+    s.assigned = s.next_n               # s.queue: fixes to run before any new idea; s.ideas: proposals not run yet
+    ideas, finished, lookahead, reason = s.ideas, {}, 0 if s.args.no_speculate else 1, None
+    while True:
+        while s.next_n in finished:                              # record (and advance), in experiment order
+            settle(s, *finished.pop(s.next_n), ideas)
+        reason = reason or stop_reason(s)
+        while pool.free and (s.queue or ideas and allowed(s) > 0):   # commit: ideas (paid for) start on free devices
+            if s.queue:
+                pool.submit(functools.partial(measure, s), s.queue.popleft())
+            else:
+                start(s, ideas.popleft())
+        room = allowed(s) - len(ideas)
+        want = min(len(pool.free) + lookahead - len(ideas), room)
+        if reason is None and want > 0:                          # propose (several devices free: a wave)
+            propose(s, max(1, min(want, len(pool.free))) if pool.free else 1)
             continue
-        description, source, repairs = proposal
-        commit = commit_candidate(s, n, source, description)     # 2. the answer becomes a commit
-        outcome, fixes = run_with_fixes(s, n, description, commit)  # 3. train, parse; a crash may get fixes
-        status, runs = judge(s, n, fixes, outcome)               # 4. keep / discard / crash (confirmed)
-        record(s, n, outcome, status, description, t0, spent0, repairs, fixes, runs=runs)  # 5. event, then row
-        if status == "keep":                                     # 6. only a measured, kept commit enters the branch
-            advance_branch(s, outcome.commit)
-            s.best_commit, s.best_metric = outcome.commit, s.history[-1]["metric"]
-        s.recent_failures.append(status == "crash")
-    return reason
+        if not pool.running:
+            if reason is not None:
+                return reason
+            continue
+        for job, result in pool.done():                          # run and judge: a device finished
+            finished[job.n] = (job, *result)
+
+
+def allowed(s):
+    """How many more candidates --max-experiments allows to start (a large number without it)."""
+    if s.args.max_experiments is None:
+        return 10**9
+    return s.args.max_experiments - (s.assigned - 1)
+
+
+def start(s, idea):
+    """Commit an idea as the next experiment on top of the best and start it on a free device. An idea written
+    against an older best (prepared while a candidate that was kept trained) is re-applied to the new best first; one
+    that no longer applies, or gives a train.py already measured or in flight, is dropped (the loop asks again)."""
+    if idea.base != s.best_commit:
+        try:
+            description, source = apply_answer(idea.answer, best_source(s), FROZEN)
+            if duplicate_of(s, source) is not None or any(i.source == source for i in in_flight(s)):
+                raise EditError("on the new best it gives a train.py already measured or in flight")
+        except EditError as e:
+            s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e))
+            console.say(f"#{s.assigned:<4} dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
+                        f"{s.best_commit[:7]} and {e}")
+            return
+        s.log("reapplied", idea=idea.description, base=idea.base, best=s.best_commit)
+        idea = dataclasses.replace(idea, description=description, source=source, base=s.best_commit)
+    n = s.assigned
+    s.assigned += 1
+    commit = commit_candidate(s, n, idea.source, idea.description)
+    best = next(e for e in reversed(s.history) if e["status"] == "keep")
+    job = Job(n, idea, commit, s.best_commit, s.best_metric, best.get("tokens_per_sec"), cost=idea.cost)
+    device = s.pool.submit(functools.partial(measure, s), job)
+    s.log("started", n=n, device=device.name, base=s.best_commit, wave=idea.wave)
+
+
+def measure(s, device, job):
+    """On a device (a worker thread): train the candidate, then judge it against the best it was built on
+    (confirmation runs included). Returns (Outcome, status, runs)."""
+    outcome = train_candidate(s, job.n, job.fixes, job.commit, device=device)
+    return (outcome, *judge(s, job.n, job.fixes, outcome, base=(job.base_metric, job.base_tps), device=device))
+
+
+def settle(s, job, outcome, status, runs, ideas):
+    """The verdict on a finished candidate, in the main thread: a crash may get a fix (the amended commit runs before
+    anything new); a win over a best that has moved since it started is never kept untested: it is recorded as
+    superseded (a discard) and its edit, re-applied to the new best, runs next; otherwise the event, the row, and on
+    a keep the branch advances."""
+    n, description = job.n, job.idea.description
+    if status == "crash" and job.fixes < MAX_FIXES and s.proposer.is_llm and not outcome.reason.startswith(
+            ("timeout", "rejected", "lost")):                   # a verdict, or no run at all: not a bug to fix
+        fixed = ask_fix(s, job, outcome)
+        if fixed is not None:
+            s.queue.append(fixed)
+            return
+    if status == "keep" and job.base != s.best_commit:
+        status = "discard"
+        outcome.reason = (f"superseded: it beat its base {job.base[:7]}, but the best moved to {s.best_commit[:7]} "
+                          "while it ran; re-run on the new best")
+        ideas.appendleft(dataclasses.replace(job.idea, cost=(0, 0, 0.0, 0.0), rebased_from=n, t0=time.monotonic()))
+    record(s, n, outcome, status, description, job.idea.t0, None, job.idea.repairs, job.fixes, runs=runs,
+           base=(job.base, job.base_metric), cost=job.cost, wave=job.idea.wave, rebased_from=job.idea.rebased_from)
+    if status == "keep":                                     # only a measured, kept commit enters the branch
+        advance_branch(s, outcome.commit)
+        s.best_commit, s.best_metric = outcome.commit, s.history[-1]["metric"]
+    s.recent_failures.append(status == "crash")
+    s.log("throughput", n=n, **s.pool.throughput(len(s.history)).fields())
 
 
 def run_baseline(s):
@@ -83,15 +194,23 @@ def run_baseline(s):
     with different seeds: their mean is the first best, their standard deviation the noise floor."""
     t0, spent0, commit = time.monotonic(), s.spent(), s.best_commit
     make_candidate_ref(s.repo, s.args.tag, 0, commit)
-    runs = []
-    for run in range(s.args.baseline_runs):
-        s.status(0, f"baseline run {run + 1} of {s.args.baseline_runs}")
-        outcome = train_candidate(s, 0, 0, commit, run=run)
+    s.status(0, f"baseline: {s.args.baseline_runs} run(s)")
+    if s.pool is None:                  # `try --baseline`: here, one after the other
+        outcomes = [train_candidate(s, 0, 0, commit, run=run) for run in range(s.args.baseline_runs)]
+    else:                               # the loop: on every device at once, as the candidates will run
+        outcomes, waiting = [None] * s.args.baseline_runs, list(range(s.args.baseline_runs))
+        while waiting or s.pool.running:
+            while waiting and s.pool.free:
+                s.pool.submit(lambda device, run: train_candidate(s, 0, 0, commit, run=run, device=device),
+                              waiting.pop(0))
+            for run, outcome in s.pool.done():
+                outcomes[run] = outcome
+    for outcome in outcomes:
         if outcome.metric is None:
             raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
                        f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
                        f"{outcome.log_tail}")
-        runs.append(outcome.metric)
+    runs = [outcome.metric for outcome in outcomes]
     s.noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
     record(s, 0, outcome, "keep", "baseline", t0, spent0, repairs=0, fixes=0, runs=runs, noise_sd=s.noise_sd)
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
@@ -103,7 +222,7 @@ def run_baseline(s):
 def stop_reason(s):
     """Why the loop should end before the next experiment, or None to go on."""
     a = s.args
-    if a.max_experiments is not None and s.next_n - 1 >= a.max_experiments:
+    if a.max_experiments is not None and allowed(s) <= 0:
         return f"--max-experiments {a.max_experiments} reached"
     if a.hours is not None and time.monotonic() - s.started >= a.hours * 3600:
         return f"--hours {a.hours:g} reached"
@@ -116,44 +235,47 @@ def stop_reason(s):
     return None
 
 
-def judge(s, n, attempt, first):
+def judge(s, n, attempt, first, base=None, device=None):
     """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
     the metrics of its runs). A first run whose throughput (tokens/s) is more than THROUGHPUT_SHARE away from the
     best's is run again first, and the repeat counts instead (a busy or throttled device, or a model of another
     speed: the repeat tells); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it beats the best (the mean of the best's runs) by less
     than margin(s). Otherwise it is run --confirm more times with other seeds, and kept only if the mean of all its
     runs beats the best by the margin (a confirmation that crashes: a crash). With --confirm 0, the first run decides
-    alone (margin 0 unless --margin: karpathy's strict ratchet)."""
+    alone (margin 0 unless --margin: karpathy's strict ratchet). base: (metric, tokens/s) of the best the candidate
+    was built on (default: the best now); device: where its runs go (see train_candidate). Safe in a worker thread:
+    it reads only settings and base."""
     if first.metric is None:
         return "crash", []
-    best_tps = next(e.get("tokens_per_sec") for e in reversed(s.history) if e["status"] == "keep")
+    best_metric, best_tps = base or (s.best_metric, next(e.get("tokens_per_sec") for e in reversed(s.history)
+                                                          if e["status"] == "keep"))
     tps = tokens_per_sec(first)
     if s.args.confirm and tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:   # a busy device? again
         s.log("rerun", n=n, reason=f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than "
                                    f"{THROUGHPUT_SHARE:.0%}: run again before it is judged")
         s.status(n, "throughput off: running it again")
-        again = train_candidate(s, n, attempt, first.commit, again=True)
+        again = train_candidate(s, n, attempt, first.commit, again=True, device=device)
         if again.metric is None:
             first.metric, first.reason, first.log_tail = None, f"its repeat crashed: {again.reason}", again.log_tail
             return "crash", []
         first.metric, first.summary, first.memory_gb = again.metric, again.summary, again.memory_gb
     runs = [first.metric]
-    if not beats(s, first.metric):
+    if not beats(s, first.metric, best_metric):
         return "discard", runs
     for run in range(1, s.args.confirm + 1):
         s.status(n, f"confirming: run {run + 1} of {s.args.confirm + 1}")
-        again = train_candidate(s, n, attempt, first.commit, run=run)
+        again = train_candidate(s, n, attempt, first.commit, run=run, device=device)
         if again.metric is None:
             first.metric, first.reason = None, f"confirmation run {run + 1} crashed: {again.reason}"
             first.log_tail = again.log_tail
             return "crash", runs
         runs.append(again.metric)
-    return ("keep" if beats(s, statistics.fmean(runs)) else "discard"), runs
+    return ("keep" if beats(s, statistics.fmean(runs), best_metric) else "discard"), runs
 
 
-def beats(s, metric):
-    """Whether metric is better than the best's by more than the margin (strictly better with margin 0)."""
-    gain = s.best_metric - metric if s.goal == "min" else metric - s.best_metric
+def beats(s, metric, best):
+    """Whether metric is better than best by more than the margin (strictly better with margin 0)."""
+    gain = best - metric if s.goal == "min" else metric - best
     return gain > margin(s)
 
 
@@ -176,64 +298,109 @@ def margin_rule(s):
 # ---------------------------------------------------------------------------
 
 
-def propose(s, n):
-    """Ask the proposer for the next idea against the current (best) train.py. Returns (description, source,
-    repairs), or None if no answer could be repaired."""
-    train_src = best_source(s)
+def propose(s, k=1):
+    """Ask the proposer for k distinct ideas against the current (best) train.py, in one call (an LLM is asked for k
+    different ideas at once; random/grid draw k times). The prompt states which results are known and which
+    candidates are still in flight. The usable ideas (possibly fewer than k) join s.ideas; none when no answer could
+    be repaired (a failure for the breaker)."""
+    n, train_src, t0 = s.assigned, best_source(s), time.monotonic()
+    running = sorted((j.n, j.idea.description) for _, j in s.pool.running.values())
+    pending = (f"Results known: experiments #0-#{len(s.history) - 1}. Still running, results not known yet (do not "
+               "propose these again): " + "; ".join(f"#{i} {d}" for i, d in running) if running else
+               f"Results known: all {len(s.history)} experiments so far (#0-#{len(s.history) - 1}); none running.")
     prompt = PROPOSE_PROMPT.format(program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric,
                                    goal=goal_word(s.goal), history=format_history(s.history, s.metric, margin(s),
                                                                           touched_by(s)),
-                                   train=train_src)
-    s.status(n, "proposing")
-    proposal = ask_for_edit(s, n, [{"role": "user", "content": prompt}], train_src)
-    if proposal is None:
+                                   pending=pending, train=train_src)
+    if k > 1:
+        prompt += WAVE_PROMPT.format(k=k)
+    s.status(n, "proposing" + (f" {k} ideas" if k > 1 else ""))
+    s.wave += 1
+    found = 0
+    for i in range(1 if s.proposer.is_llm else k):       # random/grid: one draw per idea
+        ideas = ask_for_edit(s, n + i, [{"role": "user", "content": prompt}], train_src, k if s.proposer.is_llm else 1)
+        s.ideas.extend(ideas)
+        found += len(ideas)
+    s.pool.waited(time.monotonic() - t0)
+    if not found:
         s.log("skipped", n=n, reason=f"no usable answer after {MAX_REPAIRS} repairs")
         console.say(f"#{n:<4} skipped  no usable answer after {MAX_REPAIRS} repairs (see {ledger.EVENTS})")
-    return proposal
+        s.recent_failures.append(True)
 
 
-def ask_for_edit(s, n, messages, train_src):
-    """One conversation with the proposer: each rejected answer goes back with the exact error, at most
-    MAX_REPAIRS times. Returns (description, source, repairs) or None."""
+def ask_for_edit(s, n, messages, train_src, k=1):
+    """One conversation with the proposer: an answer with no usable idea goes back with the exact error, at most
+    MAX_REPAIRS times. An answer may hold up to k ideas (a DESCRIPTION line each, then its blocks); the unusable
+    ones of an answer that has some usable ones are dropped (logged). Returns the usable Ideas, [] if none."""
+    before = s.spent()
     for attempt in range(MAX_REPAIRS + 1):
         reply = s.proposer.ask(s.system_prompt, messages, train_src, n)
-        s.cost_usd += reply.cost_usd
-        s.input_tokens += reply.input_tokens
-        s.output_tokens += reply.output_tokens
-        s.llm_seconds += reply.seconds
+        with s.lock:
+            s.cost_usd += reply.cost_usd
+            s.input_tokens += reply.input_tokens
+            s.output_tokens += reply.output_tokens
+            s.llm_seconds += reply.seconds
         s.log("propose", n=n, attempt=attempt, proposer=s.args.proposer, model=s.args.model,
               input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-              cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3))
-        try:
-            description, source = apply_answer(reply.text, train_src, FROZEN)
-            if (earlier := duplicate_of(s, source)) is not None:
-                raise EditError(f"the resulting train.py is byte-identical to experiment {describe(earlier, s.metric)}, "
-                                "already measured: propose a different idea")
-            return description, source, attempt
-        except EditError as e:
-            s.log("repair", n=n, attempt=attempt, error=str(e), answer=reply.text[-4000:])
-            messages = messages + [{"role": "assistant", "content": reply.text},
-                                   {"role": "user", "content": REPAIR_PROMPT.format(error=e)}]
-    return None
+              cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3), wave=s.wave)
+        ideas, errors = [], []
+        for answer in split_ideas(reply.text)[:k]:
+            try:
+                description, source = apply_answer(answer, train_src, FROZEN)
+                if (earlier := duplicate_of(s, source)) is not None:
+                    raise EditError(f"the resulting train.py is byte-identical to experiment "
+                                    f"{describe(earlier, s.metric)}, already measured: propose a different idea")
+                if any(i.source == source for i in ideas):
+                    raise EditError("this idea gives the same train.py as another one of this answer")
+                if any(i.source == source for i in in_flight(s)):
+                    raise EditError("the resulting train.py is the same as a candidate still running or about to "
+                                    "run: propose a different idea")
+                ideas.append(Idea(description, source, answer, s.best_commit, attempt, (), s.wave))
+            except EditError as e:
+                errors.append(str(e))
+        cost = tuple((now - was) / max(1, len(ideas)) for now, was in zip(s.spent(), before))
+        ideas = [dataclasses.replace(i, cost=cost) for i in ideas]
+        if ideas:
+            for error in errors:
+                s.log("dropped", n=n, error=error)
+            return ideas
+        error = errors[0] if len(errors) == 1 else "; ".join(f"idea {i + 1}: {e}" for i, e in enumerate(errors))
+        s.log("repair", n=n, attempt=attempt, error=error, answer=reply.text[-4000:])
+        messages = messages + [{"role": "assistant", "content": reply.text},
+                               {"role": "user", "content": REPAIR_PROMPT.format(error=error)}]
+    return []
 
 
-def run_with_fixes(s, n, description, commit):
-    """Train the candidate; after a crash (not a timeout or a rejected run) ask the LLM for a fix, at most
-    MAX_FIXES amended candidates. Returns (the last Outcome, number of fixes tried)."""
-    outcome = train_candidate(s, n, 0, commit)
-    for fix in range(1, MAX_FIXES + 1):
-        if outcome.metric is not None or not s.proposer.is_llm or outcome.reason.startswith(("timeout", "rejected")):
-            return outcome, fix - 1
-        crashed_src = file_at(s.repo, commit, s.train_rel)
-        prompt = FIX_PROMPT.format(description=description, reason=outcome.reason, tail=outcome.log_tail,
-                                   train=crashed_src)
-        s.status(n, f"asking for fix {fix}")
-        fixed = ask_for_edit(s, n, [{"role": "user", "content": prompt}], crashed_src)
-        if fixed is None:
-            return outcome, fix - 1
-        commit = commit_candidate(s, n, fixed[1], f"{description}\n\nfix {fix}: {fixed[0]}", attempt=fix, amend=commit)
-        outcome = train_candidate(s, n, fix, commit)
-    return outcome, MAX_FIXES
+def in_flight(s):
+    """The ideas asked for but not recorded yet: running on a device, or prepared to run next."""
+    return [job.idea for _, job in (s.pool.running.values() if s.pool else ())] + list(s.ideas)
+
+
+def split_ideas(answer):
+    """An answer's ideas: the text from each DESCRIPTION line to the next (the whole answer when it has at most one)."""
+    starts = [m.start() for m in re.finditer(r"(?m)^[ \t]*DESCRIPTION:", answer)]
+    if len(starts) <= 1:
+        return [answer]
+    return [answer[a:b] for a, b in zip(starts, starts[1:] + [len(answer)])]
+
+
+def ask_fix(s, job, outcome):
+    """The crashed candidate goes back to the LLM with its log tail; a usable fix amends the commit (same parent) and
+    becomes the job's next attempt. Returns that Job, or None."""
+    crashed_src = file_at(s.repo, job.commit, s.train_rel)
+    prompt = FIX_PROMPT.format(description=job.idea.description, reason=outcome.reason, tail=outcome.log_tail,
+                               train=crashed_src)
+    s.status(job.n, f"asking for fix {job.fixes + 1}")
+    t0 = time.monotonic()
+    fixed = ask_for_edit(s, job.n, [{"role": "user", "content": prompt}], crashed_src)
+    s.pool.waited(time.monotonic() - t0)
+    if not fixed:
+        return None
+    fix = job.fixes + 1
+    commit = commit_candidate(s, job.n, fixed[0].source, f"{job.idea.description}\n\nfix {fix}: {fixed[0].description}",
+                              attempt=fix, amend=job.commit)
+    return dataclasses.replace(job, commit=commit, fixes=fix,
+                               cost=tuple(a + b for a, b in zip(job.cost, fixed[0].cost)))
 
 # ---------------------------------------------------------------------------
 # One experiment for an external coding agent: `agent.py try` (program.md's loop)
@@ -406,6 +573,15 @@ def parse_args(argv):
                    "this long")
     p.add_argument("--max-cost-usd", type=float, help="stop once the tag's LLM spend reaches this many dollars")
     add_common_flags(p)
+    p.add_argument("--devices", metavar="SPEC", help="run experiments on several devices at once: CUDA indices "
+                   "(e.g. 0,1,2,3: one run per GPU) or cpu:K (K CPU workers sharing this machine's threads). Default: "
+                   "one run at a time on this machine as it is")
+    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run experiments as tasks on a Ray "
+                   "cluster, one GPU each (auto: the cluster `ray start` made on this machine, or ADDRESS, e.g. "
+                   "10.0.0.5:6379); needs `uv sync --extra cluster`. agent.py stays the one process that owns git "
+                   "and the results")
+    p.add_argument("--no-speculate", action="store_true", help="ask for the next idea only when a device is free "
+                   "(default: while a candidate trains, the next idea is already asked for)")
     p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
                    f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
@@ -424,6 +600,12 @@ def parse_args(argv):
         else:
             p.error("no LLM key: set ANTHROPIC_API_KEY or OPENAI_API_KEY, or run without an LLM with "
                     "--proposer random (or grid)")
+    if args.devices is not None and args.ray is not None:
+        p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
+    try:
+        args.device_list = parse_devices(args.devices, THREADS)
+    except ValueError as e:
+        p.error(str(e))
     if args.model is None and args.proposer in DEFAULT_MODELS:
         args.model = DEFAULT_MODELS[args.proposer]
     return args
@@ -459,6 +641,7 @@ def parse_try_args(argv):
     if args.message is not None and not clean_description(args.message):
         p.error("-m: describe the idea in a few words")
     args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
+    args.devices = args.ray = None
     args.max_experiments = args.hours = args.max_cost_usd = None
     return args
 
@@ -545,23 +728,31 @@ def research_main(s, proposer, constants):
     s.system_prompt = SYSTEM_PROMPT.format(
         budget=s.budget, metric=s.metric, goal=goal_word(s.goal),
         frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
+    devices = args.device_list if args.ray is None else cluster.connect(args.ray, s)
+    s.pool = Pool(devices, len(s.history))
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
         run_prepare(target, "--preflight", timeout=s.timeout)
     s.log("config", proposer=args.proposer, model=args.model, base_url=args.base_url, metric=s.metric,
           goal=s.goal, budget_s=s.budget, timeout_s=s.timeout, max_experiments=args.max_experiments,
-          hours=args.hours, max_cost_usd=args.max_cost_usd)
+          hours=args.hours, max_cost_usd=args.max_cost_usd, devices=[d.name for d in devices],
+          threads=[d.threads for d in devices], speculate=not args.no_speculate, ray=args.ray)
     if proposer.is_llm and args.max_cost_usd is not None and price_key(args.model) is None:
         console.say(f"warning: --max-cost-usd {args.max_cost_usd:g} cannot stop this run: model {args.model!r} "
                     f"is not in the price table (PRICES in harness/proposers.py), so its calls count as $0. "
                     f"Add its prices there, or also set --max-experiments or --hours")
     console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, "
                 f"proposer {args.proposer}{' ' + args.model if s.proposer.is_llm else ''}, budget "
-                f"{s.budget:g}s, timeout {s.timeout:g}s")
+                f"{s.budget:g}s, timeout {s.timeout:g}s, devices {', '.join(d.name for d in devices)}"
+                f"{'' if args.no_speculate else ', speculating'}")
     s.status(s.next_n, f"checking {args.proposer} {args.model or ''} with a 1-token request")
     proposer.check()                    # a refused key or unknown model stops here, before the baseline
-    reason = research_loop(s)
-    s.log("stop", reason=reason)
+    try:
+        reason = research_loop(s)
+    finally:                            # also on Stop and Ctrl-C: the runs in flight are killed, the threads joined
+        s.pool.close()
+    s.log("stop", reason=reason, **s.pool.throughput(len(s.history)).fields())
+    console.say(s.pool.throughput(len(s.history)).line())
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
     if s.evaluation is not None and len(s.history) > 1:      # the gain on data the search never saw

@@ -129,8 +129,13 @@ def commit_file(repo, rel, message, amend=False):
 
 
 def make_candidate_ref(repo, tag, n, commit):
-    """refs/autoresearch/<tag>/<n>-<sha7>: keeps every tried candidate reachable after a discard."""
-    repo.git.update_ref(f"refs/autoresearch/{tag}/{n:04d}-{commit[:7]}", commit)
+    """refs/autoresearch/<tag>/<n>-<sha7>: keeps every tried candidate reachable after a discard. Returns the ref."""
+    ref = f"refs/autoresearch/{tag}/{n:04d}-{commit[:7]}"
+    repo.git.update_ref(ref, commit)
+    return ref
+
+
+NOTES_REF = "refs/notes/commits"           # git's default notes ref: plain `git log` shows the notes
 
 
 def add_note(repo, commit, text):

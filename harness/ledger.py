@@ -20,6 +20,7 @@ n is the number of the tag's "experiment" events, so an interrupted experiment i
 reachable under refs/autoresearch/<tag>/), and no row is ever duplicated or lost.
 """
 
+import collections
 import dataclasses
 import datetime
 import json
@@ -364,7 +365,7 @@ class TagState:
     cost_usd: float         # LLM spend and tokens so far (the "propose" events)
     input_tokens: int
     output_tokens: int
-    stale_run: dict | None  # the "run" event of a training run started but not ended in that iteration
+    stale_runs: list        # the "run" events of training runs started but not ended by the last invocation
 
 
 def tag_state(all_events, tag):
@@ -372,15 +373,22 @@ def tag_state(all_events, tag):
     mine = [e for e in all_events if e.get("tag") == tag]
     history = [e for e in mine if e.get("event") == "experiment"]
     proposals = [e for e in mine if e.get("event") == "propose"]
-    last_done = max((i for i, e in enumerate(mine) if e.get("event") in ("experiment", "cleaned", "stop")),
-                    default=-1)
-    pending = mine[last_done + 1:]          # the events of an interrupted iteration, if any
-    runs = [e for e in pending if e.get("event") == "run"]
-    in_flight = bool(runs) and not any(e.get("event") == "run_end" and e.get("n") == runs[-1]["n"]
-                                       and e.get("attempt") == runs[-1]["attempt"]
-                                       and e.get("run", 0) == runs[-1].get("run", 0) for e in pending)
+    starts = [i for i, e in enumerate(mine) if e.get("event") == "start"]
+    ends = collections.Counter(run_key(e) for e in mine[starts[-1] if starts else 0:] if e.get("event") == "run_end")
+    stale = []                              # the last invocation's runs without their run_end (several devices: many)
+    for e in mine[starts[-1] if starts else 0:]:
+        if e.get("event") == "run":
+            if ends[run_key(e)]:
+                ends[run_key(e)] -= 1
+            elif e.get("pgid") is not None:
+                stale.append(e)
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
-                    stale_run=runs[-1] if in_flight else None)
+                    stale_runs=stale)
+
+
+def run_key(e):
+    """What pairs a "run" event with its "run_end": experiment, attempt, run index."""
+    return e.get("n"), e.get("attempt"), e.get("run", 0)

@@ -20,7 +20,7 @@ margin, confirmed by a second run with another seed; otherwise it is reverted. A
 already measured is refused. Only train.py may change: prepare.py and its evaluation are
 read-only, and train.py must not write to any file but its own outputs.
 
-Answer with exactly one idea, in this plain-text format and nothing else:
+Answer with exactly one idea (unless the request asks for several), in this plain-text format and nothing else:
 
 DESCRIPTION: <one short line saying what you changed, e.g. "raise matrix LR to 0.05">
 <<<<<<< SEARCH
@@ -42,6 +42,8 @@ PROPOSE_PROMPT = """\
 # Experiment history ({metric}, {goal} is better; the best kept version is the current train.py)
 {history}
 
+{pending}
+
 # Current train.py
 ```python
 {train}
@@ -50,6 +52,12 @@ PROPOSE_PROMPT = """\
 Propose the next experiment: one idea, as a DESCRIPTION line and SEARCH/REPLACE blocks against this train.py. Do
 not repeat an idea the history shows; end the DESCRIPTION with the earlier experiments the idea builds on, e.g.
 "(builds on #4, #9)", or "(new)"."""
+
+WAVE_PROMPT = """
+
+This time propose {k} experiments: they run at the same time, one per device, each against this same train.py.
+Make them {k} genuinely different ideas (not {k} variants of one), each a DESCRIPTION line followed by its own
+SEARCH/REPLACE blocks, one after the other."""
 
 FIX_PROMPT = """\
 The experiment "{description}" crashed ({reason}). The last lines of its run.log:

@@ -14,12 +14,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
 from harness.redact import clean_env, redact
 
+RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
+_LIVE, _LIVE_LOCK = set(), threading.Lock()   # the tokens of the runs in flight in this process
 KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
 LOG_TAIL_LINES = 60             # lines of the log sent back to the LLM and kept in the event after a crash
 
@@ -179,9 +183,12 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     on timeout, seconds, timed_out)."""
     t0 = time.monotonic()
     ours = children()                       # anything else that turns up as our child afterwards is the run's
+    token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
+    with _LIVE_LOCK:
+        _LIVE.add(token)
     with open(log_path, "ab" if append else "wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env={**env, RUN_TOKEN: token}, start_new_session=True)
         try:
             on_start(proc.pid)
             while True:
@@ -197,11 +204,11 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                     pass
         except BaseException:
             kill_group(proc.pid, proc)
-            kill_strays(ours)
+            kill_strays(ours, token)
             raise
     seconds = time.monotonic() - t0
     kill_group(proc.pid, proc)
-    kill_strays(ours)
+    kill_strays(ours, token)
     return rc, seconds, False
 
 
@@ -230,11 +237,16 @@ def children():
     return found
 
 
-def kill_strays(ours):
-    """SIGKILL and reap every child of ours that was not one before the run: a run's detached descendants,
-    re-parented to us (become_subreaper). Only those pids are waited for, never our other subprocesses."""
+def kill_strays(ours, token):
+    """SIGKILL and reap every child of ours that was not one before the run and is the run's: a detached descendant
+    re-parented to us (become_subreaper), known by this run's token in its environment, or, having none of a run in
+    flight, by its session (a run starts a session of its own; git and whatever else this process starts meanwhile
+    share ours, and another run's processes carry that run's token). Only those pids are waited for."""
+    with _LIVE_LOCK:
+        _LIVE.discard(token)
+        others = set(_LIVE)
     for _ in range(3):                      # a stray may fork while we look: look again
-        strays = children() - ours
+        strays = {pid for pid in children() - ours if _stray(pid, token, others)}
         if not strays:
             return
         for pid in strays:
@@ -243,6 +255,19 @@ def kill_strays(ours):
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+def _stray(pid, token, others):
+    """Whether our child pid belongs to the run with this token (see kill_strays)."""
+    try:
+        env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                   if b"=" in item)
+        theirs = env.get(RUN_TOKEN.encode(), b"").decode()
+        if theirs:
+            return theirs == token or theirs not in others
+        return os.getsid(pid) != os.getsid(0)
+    except (OSError, ValueError):
+        return False
 
 
 def kill_group(pgid, proc=None):

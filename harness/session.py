@@ -16,12 +16,14 @@ import argparse
 import collections
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
 import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +84,16 @@ class Session:
     recorded: bool = False              # `try`: this invocation's experiment is recorded
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
     touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)
+    # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
+    # records. The lock serialises git, the ledger and the guard's snapshots; `live` are the snapshots of the runs
+    # in flight, told of every change the harness itself makes meanwhile (expect_ref, Snapshot.appended).
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+    live: list = dataclasses.field(default_factory=list)
+    assigned: int = 0                   # the number the next candidate gets (> next_n while candidates are in flight)
+    pool: object = None                 # harness.pool.Pool: the devices of the loop (None for `try`)
+    queue: collections.deque = dataclasses.field(default_factory=collections.deque)   # fixes to run first
+    ideas: collections.deque = dataclasses.field(default_factory=collections.deque)   # proposals not run yet
+    wave: int = 0                       # proposal calls so far (an event's wave: ideas asked for together)
 
     @property
     def next_n(self):
@@ -89,8 +101,22 @@ class Session:
         return len(self.history)       # the baseline is experiment 0
 
     def log(self, event, **fields):
-        """Append one event of this tag to events.jsonl; returns the record."""
-        return ledger.log_event(self.target / ledger.EVENTS, self.args.tag, event, **fields)
+        """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
+        with self.lock:
+            record = ledger.log_event(self.target / ledger.EVENTS, self.args.tag, event, **fields)
+            for snap in self.live:
+                snap.appended(self.target / ledger.EVENTS, ledger.event_line(record) + "\n")
+            return record
+
+    def expect_ref(self, ref):
+        """The harness itself just moved `ref`: the runs in flight must not be blamed for it (nor have it undone)."""
+        with self.lock:
+            if self.live:
+                value = self.repo.git.for_each_ref("--format=%(objectname)", ref).strip()
+                for snap in self.live:
+                    snap.refs[ref] = value or None
+                    if not value:
+                        snap.refs.pop(ref)
 
     def hidden(self, evaluator=False):
         """What a sandboxed process must not see: the repository (working tree and git dir: history, results.tsv,
@@ -112,8 +138,17 @@ class Session:
         """(input tokens, output tokens, USD, LLM seconds) so far; record() logs the difference per experiment."""
         return self.input_tokens, self.output_tokens, self.cost_usd, self.llm_seconds
 
+    def tick(self, n, elapsed, device=None):
+        """A training run's tick (about once a second): the status line shows how far it is."""
+        if self.pool is not None and self.pool.cancel.is_set():   # the loop is stopping: the runner kills this run
+            raise KeyboardInterrupt
+        where = f" on {device.name}" if device is not None and device.name != "default" else ""
+        self.status(n, f"training{where} {console.fmt_duration(elapsed)}/{console.fmt_duration(self.budget)}")
+
     def status(self, n, phase):
-        """The live status line: experiment, phase, best and change vs baseline, last result, tokens, $, elapsed."""
+        """The live status line: experiment, phase, best and change vs baseline, last result, tokens, $, elapsed;
+        with a pool of devices or speculation, its throughput (experiments per hour, device busy share, proposal
+        wait: see harness.pool.Pool.throughput)."""
         best = "-"
         if self.best_metric is not None:
             best = f"{self.best_metric:.6f}"
@@ -121,6 +156,8 @@ class Session:
                 best += f" ({100 * (self.best_metric - self.baseline_metric) / abs(self.baseline_metric):+.2f}%)"
             if self.noise_sd:
                 best += f" noise sd {self.noise_sd:.4f}"
+        if self.pool is not None:
+            phase += f" | {self.pool.throughput(len(self.history)).short()}"
         console.status(f"exp {n} | {phase} | best {best} | last {self.last} | "
                        f"{(self.input_tokens + self.output_tokens) / 1000:.1f}k tok ${self.cost_usd:.2f} | "
                        f"{console.fmt_duration(time.monotonic() - self.started)}")
@@ -130,11 +167,23 @@ class Session:
 # ---------------------------------------------------------------------------
 
 
+def locked(step):
+    """A step that reads or writes git or the ledger holds the session's lock (GitPython's repository handle is not
+    thread-safe, and a run's guard snapshot must not be taken halfway through a step)."""
+    @functools.wraps(step)
+    def wrapper(s, *args, **kwargs):
+        with s.lock:
+            return step(s, *args, **kwargs)
+    return wrapper
+
+
+@locked
 def best_source(s):
     """train.py of the best commit: what the next proposal edits."""
     return gitops.file_at(s.repo, s.best_commit, s.train_rel)
 
 
+@locked
 def duplicate_of(s, source):
     """The "experiment" event of this tag whose train.py is byte-identical to `source` (any status, the baseline
     included), or None: an idea already measured is never run again."""
@@ -147,6 +196,7 @@ def duplicate_of(s, source):
     return None
 
 
+@locked
 def touched_by(s):
     """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants on the lines it changed (e.g.
     "DEPTH, MATRIX_LR"), or "code" when it changed none; cached, for the prompt's grouped older history."""
@@ -167,6 +217,7 @@ def describe(e, metric):
     return f"#{e['n']} ({e['status']}{value}: {e['description']})"
 
 
+@locked
 def commit_candidate(s, n, source, message, attempt=0, amend=None):
     """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
     (amend: the crashed candidate's sha, amended with a fix as attempt > 0). Only train.py is committed; hooks run and a blocking one
@@ -186,77 +237,112 @@ def commit_candidate(s, n, source, message, attempt=0, amend=None):
         raise Stop(f"the candidate commit {commit[:7]} changes {', '.join(changed) or 'nothing'}, not only "
                    f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
                    "train.py only")
-    gitops.make_candidate_ref(s.repo, s.args.tag, n, commit)
+    s.expect_ref(gitops.make_candidate_ref(s.repo, s.args.tag, n, commit))
     s.log("commit", n=n, attempt=attempt, full_commit=commit)
     return commit
 
 
-def train_candidate(s, n, attempt, commit, run=0, again=False):
+def train_candidate(s, n, attempt, commit, run=0, again=False, device=None):
     """Run `commit` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
     separate evaluation, the guard's check of everything outside the run dir; then the run dir is removed, its log
     kept in logs/ and copied to <target>/run.log. Logs "run" and "run_end". run: the run's index among the repeated
     runs of one commit (baseline runs, confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run) and a fixed
-    AUTORESEARCH_THREADS. again: the same run repeated (its throughput was off), logged apart. Returns the runner's
-    Outcome."""
+    AUTORESEARCH_THREADS. again: the same run repeated (its throughput was off), logged apart. device: the
+    harness.pool.Device it runs on (its environment, its own pristine evaluator copy, or a Ray cluster); None: this
+    machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
     name = f"{n:04d}-{attempt}" + (f"-r{run}" if run else "") + ("-again" if again else "")
     seed = seed_of(n, run)
     run_dir = s.home / "runs" / name
-    shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
-    gitops.export_commit(s.repo, commit, s.target_rel, run_dir)
+    frozen_dir = s.home / (device.frozen if device else "frozen")
     log = s.home / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
+           "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
+           "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
+           **s.sandbox_env, **(device.env if device else {})}
+    with s.lock:
+        shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
+        gitops.export_commit(s.repo, commit, s.target_rel, run_dir)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if device is not None and device.remote is not None:        # a Ray worker: nothing of it runs here
+            export_frozen(s, frozen_dir)
+            fields = dict(n=n, attempt=attempt, run=run, seed=seed, commit=commit[:7], pgid=None, timeout_s=s.timeout,
+                          cwd=str(run_dir), device=device.name, sandbox=s.args.sandbox)
+            job = device.remote.job(s, run_dir, frozen_dir, env, log, n, commit)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            s.log("run", **fields)
+    if device is not None and device.remote is not None:
+        outcome, problems = device.remote.run(job, device), []
+    else:
+        outcome, problems = train_here(s, n, attempt, commit, run, seed, run_dir, frozen_dir, env, log, device)
+    with s.lock:
+        if log.exists():
+            shutil.copyfile(log, s.target / RUN_LOG)
+        if problems:
+            outcome.metric, outcome.reason = None, "rejected: the run " + "; ".join(problems)
+        s.log("run_end", n=n, attempt=attempt, run=run, commit=commit[:7], returncode=outcome.returncode,
+              timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
+              metric=outcome.metric, own_metric=outcome.own_metric, eval_seconds=round(outcome.eval_seconds, 3),
+              frozen_tampered=outcome.tampered, outside=problems, log=str(log),
+              log_tail=outcome.log_tail if outcome.metric is None else "",
+              device=device.name if device else None)
+    return outcome
+
+
+def train_here(s, n, attempt, commit, run, seed, run_dir, frozen_dir, env, log, device):
+    """train_candidate on this machine: the guard's snapshot, the runner, the guard's check, the artifact kept.
+    Returns (Outcome, what the run changed outside its run dir)."""
     own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
-           *(s.home / "frozen").rglob("*.py")]
+           *frozen_dir.rglob("*.py")]
     git_dir, dirs = gitops.git_dir(s.repo), []
     if s.wrap is None:           # and what would make git run a program of the run's (in the sandbox: unreachable,
         own += [git_dir / "config", gitops.global_config(s.repo), *gitops.user_configs()]   # so yours to change)
         dirs = [git_dir / "hooks", git_dir / "info"]
-    snapshot = [guard.take(s.repo, own, dirs)]      # before the run starts: its very first write is seen too
+    with s.lock:
+        snapshot = guard.take(s.repo, own, dirs)     # before the run starts: its very first write is seen too
+        s.live.append(snapshot)
 
     def on_start(pgid):
-        record = s.log("run", n=n, attempt=attempt, run=run, seed=seed, commit=commit[:7], pgid=pgid,
-                       timeout_s=s.timeout, cwd=str(run_dir), sandbox=s.args.sandbox if s.wrap is not None else "off")
-        snapshot[0].appended(s.target / ledger.EVENTS, ledger.event_line(record) + "\n")   # ours, nothing else
+        s.log("run", n=n, attempt=attempt, run=run, seed=seed, commit=commit[:7], pgid=pgid, timeout_s=s.timeout,
+              cwd=str(run_dir), sandbox=s.args.sandbox if s.wrap is not None else "off",
+              device=device.name if device else None)
+
+    def setup():                                     # a fresh pristine evaluator right before it runs
+        with s.lock:
+            export_frozen(s, frozen_dir)
 
     evaluation = None
     if s.evaluation is not None:
         evaluation = runner.Evaluation(
-            prepare_dir=s.home / "frozen", artifact=run_dir / s.evaluation["artifact"], digest=s.evaluation["digest"],
-            tolerance=s.evaluation["tolerance"], own_required=s.wrap is None, setup=lambda: export_frozen(s),
-            wrap=(lambda argv: s.wrap(argv, run_dir, evaluator=True)) if s.wrap else (lambda argv: argv))
+            prepare_dir=frozen_dir, artifact=run_dir / s.evaluation["artifact"], digest=s.evaluation["digest"],
+            tolerance=s.evaluation["tolerance"], own_required=s.wrap is None, setup=setup,
+            wrap=(lambda argv: s.wrap(argv, run_dir, evaluator=frozen_dir)) if s.wrap else (lambda argv: argv))
     spec = runner.RunSpec(
-        commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN,
-        env={"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
-             "AUTORESEARCH_THREADS": str(THREADS),
-             "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
-             **s.sandbox_env},
+        commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN, env=env,
         wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
         budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
         evaluation=evaluation, on_start=on_start,
-        on_tick=lambda elapsed: s.status(n, f"training {console.fmt_duration(elapsed)}/"
-                                            f"{console.fmt_duration(s.budget)}"))
+        on_tick=lambda elapsed: s.tick(n, elapsed, device))
     try:
         outcome = runner.run(spec)
     finally:                                                   # also on Ctrl-C
-        problems = guard.check(s.repo, snapshot[0], sandboxed=s.wrap is not None, frozen=s.frozen_rels)
-        if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).exists():   # for report.py --holdout
-            saved = artifact_path(s.home, n, s.evaluation["artifact"])      # a file, or a folder (GRPO's weights)
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            if saved.is_dir():
-                shutil.rmtree(saved)
-            saved.unlink(missing_ok=True)
-            os.replace(run_dir / s.evaluation["artifact"], saved)         # moved, not copied: run_dir goes anyway
-        shutil.rmtree(run_dir, ignore_errors=True)
-        if log.exists():
-            shutil.copyfile(log, s.target / RUN_LOG)
-    if problems:
-        outcome.metric, outcome.reason = None, "rejected: the run " + "; ".join(problems)
-    s.log("run_end", n=n, attempt=attempt, run=run, commit=commit[:7], returncode=outcome.returncode,
-          timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
-          metric=outcome.metric, own_metric=outcome.own_metric, eval_seconds=round(outcome.eval_seconds, 3),
-          frozen_tampered=outcome.tampered, outside=problems, log=str(log),
-          log_tail=outcome.log_tail if outcome.metric is None else "")
-    return outcome
+        with s.lock:
+            s.live.remove(snapshot)
+            problems = guard.check(s.repo, snapshot, sandboxed=s.wrap is not None, frozen=s.frozen_rels)
+            if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).exists():   # for report.py --holdout
+                keep_artifact(s, n, run_dir / s.evaluation["artifact"])
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return outcome, problems
+
+
+def keep_artifact(s, n, path):
+    """Move a run's model artifact (a file, or a folder: GRPO's weights) to artifact_path (moved, not copied: the run
+    dir goes anyway)."""
+    saved = artifact_path(s.home, n, s.evaluation["artifact"])
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    if saved.is_dir():
+        shutil.rmtree(saved)
+    saved.unlink(missing_ok=True)
+    os.replace(path, saved)
 
 
 def artifact_path(home, n, name):
@@ -306,16 +392,23 @@ def max_wall(s):
     return s.budget + 1.5 * overhead + 0.02 * s.budget + 5
 
 
+@locked
 def advance_branch(s, commit):
     """The kept candidate becomes the best commit: the branch moves to it (update-ref, old value checked)."""
     gitops.advance_branch(s.repo, s.branch, commit, s.best_commit)
+    s.expect_ref(f"refs/heads/{s.branch}")
 
 
-def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None, runs=(), noise_sd=None):
+@locked
+def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None, runs=(), noise_sd=None,
+           base=None, cost=None, **fields):
     """Log the "experiment" event (tokens, $ and LLM seconds since spent0; fix_of: the experiment whose crashed
     candidate `try --fix` amended), then append the results.tsv row derived from it, then print one line. runs: the
     metrics of every measured run of this commit (baseline runs, confirmations) when more than one: the event's
-    metric is their mean and the description says how many; noise_sd: the baseline's spread."""
+    metric is their mean and the description says how many; noise_sd: the baseline's spread. base: (commit, metric)
+    of the best the candidate was built on and measured against (default: the best now); cost: (tokens in, tokens
+    out, USD, LLM seconds) of its proposal and fixes, instead of the spend since spent0 (several in flight at once);
+    fields: more of the event (the proposal wave, a re-run's superseded experiment)."""
     idea = redact(description)
     if len(runs) > 1:
         outcome = dataclasses.replace(outcome, metric=statistics.fmean(runs))
@@ -323,19 +416,23 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     if outcome.reason:
         description = clean_description(f"{description} ({outcome.reason})")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
-    tokens_in, tokens_out, cost, llm = (now - before for now, before in zip(s.spent(), spent0))
+    tokens_in, tokens_out, cost, llm = cost or (now - before for now, before in zip(s.spent(), spent0))
     event = s.log("experiment", n=n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=outcome.metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
                   wall_seconds=round(time.monotonic() - t0, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
-                  budget_s=s.budget, smoke=s.smoke, base=s.best_commit, base_metric=s.best_metric,
+                  budget_s=s.budget, smoke=s.smoke, base=(base or (s.best_commit,))[0],
+                  base_metric=(base or (None, s.best_metric))[1],
                   idea=idea, reason=redact(outcome.reason), fix_of=fix_of, sandbox=s.wrap is not None,
                   tokens_per_sec=tokens_per_sec(outcome),
                   runs=list(runs) or None,
-                  noise_sd=noise_sd)
+                  noise_sd=noise_sd, **fields)
     gitops.add_note(s.repo, event["full_commit"], note_text(event, s.metric))
+    s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
+    for snap in s.live:
+        snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
     s.history.append(event)
     best = n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
     for path in (s.home / "artifacts").glob("*"):               # only the baseline's and the best's stay
@@ -403,8 +500,8 @@ def open_session(args):
     if owner.is_file() and owner.read_text() != s.target_rel:
         raise SetupError(f"tag {args.tag!r} belongs to the target {owner.read_text() or '(the repository root)'!r} of "
                          "this repository; pick another --tag for this target")
-    if state.stale_run is not None:
-        runner.kill_stale_run(state.stale_run["pgid"], state.stale_run.get("cwd") or target)
+    for stale in state.stale_runs:
+        runner.kill_stale_run(stale["pgid"], stale.get("cwd") or target)
     for name, fragment in torn:
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
             s.log("torn_line", file=name, fragment=fragment)
@@ -528,11 +625,13 @@ def file_at_bytes(s, commit):
     return (s.repo.commit(commit).tree / s.train_rel).data_stream.read()
 
 
-def export_frozen(s):
-    """A fresh pristine copy of the target at the tag's base commit (recorded with the frozen inputs) in frozen/:
-    made at start and again right before every evaluation, so nothing a run did to it can score the run."""
-    shutil.rmtree(s.home / "frozen", ignore_errors=True)
-    gitops.export_commit(s.repo, s.frozen_base, s.target_rel, s.home / "frozen")
+def export_frozen(s, dest=None):
+    """A fresh pristine copy of the target at the tag's base commit (recorded with the frozen inputs) in frozen/ (or
+    dest: each device has its own, so that one evaluation never runs from a copy another is re-making): made at start
+    and again right before every evaluation, so nothing a run did to it can score the run."""
+    dest = dest or s.home / "frozen"
+    shutil.rmtree(dest, ignore_errors=True)
+    gitops.export_commit(s.repo, s.frozen_base, s.target_rel, dest)
 
 
 def adopt_human_commits(s, tip):
@@ -556,7 +655,7 @@ def setup_sandbox(s):
     reason = sandbox.probe() if s.args.sandbox != "off" else "--sandbox off"
     if reason is None:
         s.wrap = lambda argv, run_dir, evaluator=False: sandbox.wrap(
-            argv, run_dir=run_dir, hide=s.hidden(evaluator), expose=s.exposed() + ([s.home / "frozen"] if evaluator else []))
+            argv, run_dir=run_dir, hide=s.hidden(evaluator), expose=s.exposed() + ([Path(evaluator)] if evaluator else []))
         s.sandbox_env = sandbox.scratch_env()
         console.say("sandbox: bubblewrap (read-only filesystem, repository and evaluation data hidden, no network)")
         return

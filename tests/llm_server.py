@@ -38,6 +38,7 @@ class ScriptedLLM:
         self.ping = ping                     # None: answer agent.py's 1-token check with "OK"; else a script item
         self.pings = []                      # the checks, apart from the scripted requests
         self.requests = []                   # (path, parsed JSON body, headers)
+        self.times = []                      # time.time() when each scripted request arrived
         self.lock = threading.Lock()
         self.server = QuietServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -67,6 +68,7 @@ class ScriptedLLM:
                 self.pings.append((path, body, headers))
                 return self.ping if self.ping is not None else "OK"
             self.requests.append((path, body, headers))
+            self.times.append(time.time())
             return self.script.pop(0) if self.script else None
 
     def _handler(self):

@@ -29,7 +29,8 @@ LOWER_LR = edit("lower LR", "LR = 0.05", "LR = 0.03")           # after RAISE_LR
 
 def run_agent(target, llm=None, provider="anthropic", *extra):
     """agent.main in-process on tag t, with the loopback LLM for this provider when llm is given."""
-    argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01", *STRICT, *extra]
+    argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01", *STRICT,
+            "--no-speculate", *extra]
     if llm is not None:
         argv += ["--proposer", provider, "--base-url", llm.anthropic_url if provider == "anthropic" else
                  llm.openai_url]
@@ -148,7 +149,7 @@ def test_timeout_kills_the_whole_process_group(target):
              "print('child started', flush=True)")
     with ScriptedLLM([edit("sleep long", "SLEEP = 0.0", spawn)]) as llm:
         argv = ["--tag", "t", "--target", str(target), "--timeout", "2", "--max-experiments", "1",
-                "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT]
+                "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, "--no-speculate"]
         assert agent.main(argv) == 0
     pgid = events(target, "run")[1]["pgid"]
     assert live_members(pgid) == []
@@ -334,7 +335,7 @@ def test_grid_proposer_on_a_maximising_target_in_a_subdir(tmp_path, monkeypatch)
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
     target = make_target(tmp_path / "repo", metric="pass@1", goal="max", subdir="grpo")
     assert agent.main(["--tag", "g", "--target", str(target), "--proposer", "grid", "--max-experiments", "2",
-                       "--timeout", "20", *STRICT]) == 0
+                       "--timeout", "20", *STRICT, "--no-speculate"]) == 0
     header, *found = (target / "results.tsv").read_text().splitlines()
     assert header == "commit\tpass@1\tmemory_gb\tstatus\tdescription"
     # grid: LR down (0.02 -> 3 - 1.308 = 1.692 discard), LR up (0.08 -> 3 - 1.308 = 1.692 discard)
@@ -416,7 +417,7 @@ def live_members(pgid):
 def start_agent(target, llm, *extra):
     """agent.py as a separate process (so that it can be killed), talking to the loopback LLM."""
     argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60",
-            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, *extra]
+            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, "--no-speculate", *extra]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

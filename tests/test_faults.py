@@ -199,7 +199,7 @@ def test_cost_limit_with_an_unpriced_model_warns_at_start(target, capsys):
 def start_in_own_group(target, llm):
     """agent.py as the leader of its own process group, as a terminal's foreground job is."""
     argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60",
-            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT]
+            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, "--no-speculate"]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -20,7 +20,7 @@ from test_agent import events, rows
 
 def loop(target, *extra):
     """The loop with the random proposer on tag t."""
-    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "random", *extra])
+    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "random", *extra])
 
 
 def test_five_baseline_runs_measure_the_noise_floor(tmp_path, monkeypatch, capsys):
@@ -74,7 +74,7 @@ def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkey
     (tmp_path / "cache" / "ready").touch()
     target = make_noisy_target(tmp_path / "repo")
     with ScriptedLLM([edit("a real gain of 3 sd", "gain = 0.0", "gain = 0.03")]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "1"]) == 0
     baseline, gain = events(target, "experiment")
     assert gain["status"] == "keep" and len(gain["runs"]) == 2
@@ -94,7 +94,7 @@ def test_the_prompt_carries_deltas_near_misses_and_asks_what_an_idea_builds_on(t
     answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("deeper", "DEPTH = 8", "DEPTH = 9"),
                edit("shallower", "DEPTH = 8", "DEPTH = 7")]
     with ScriptedLLM(answers) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--margin", "0.05",
                            "--max-experiments", "3"]) == 0
     prompt = llm.requests[-1][1]["messages"][-1]["content"]
@@ -113,7 +113,7 @@ def test_a_run_at_another_throughput_is_run_again_before_it_is_judged(target):
     slower = edit("raise LR, at half the speed", 'LR = 0.04', 'LR = 0.05')
     slower += edit("", 'print("tokens_per_sec:   1000")', 'print("tokens_per_sec:   500")').split("\n", 1)[1]
     with ScriptedLLM([slower]) as llm:      # a margin of 0.5: judged on its (repeated) first run alone
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--margin", "0.5",
                            "--max-experiments", "1"]) == 0
     rerun = events(target, "rerun")
@@ -130,7 +130,7 @@ def test_the_holdout_rescored_at_the_end_of_a_run_and_by_report(target, capsys):
     """The baseline's and the best's artifacts are kept (a discard's is not) and re-scored on the hidden holdout split
     (the stand-in scores it 0.02 worse than val) at the end of the loop and by `report.py --holdout`."""
     with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("lower LR", "LR = 0.05", "LR = 0.03")]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--max-experiments", "2"]) == 0
     line = ("holdout      baseline 1.128000, best #1 1.028000: gain +0.100000 on the holdout the search never saw, "
             "+0.100000 reported on val_bpb's own split")
@@ -162,7 +162,7 @@ def test_what_an_edit_touched_comes_from_its_diff(target, monkeypatch):
     answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("a comment", "SLEEP = 0.0", "SLEEP = 0.0  # idle"),
                edit("deeper", "DEPTH = 8", "DEPTH = 9"), edit("shallower", "DEPTH = 8", "DEPTH = 7")]
     with ScriptedLLM(answers) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--baseline-runs", "1", "--max-experiments", "4"]) == 0
     prompt = llm.requests[-1][1]["messages"][-1]["content"]
     assert "  LR: 1 tried (1 keep, 0 discard, 0 crash), deltas -0.100000 .. -0.100000" in prompt

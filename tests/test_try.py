@@ -129,7 +129,7 @@ def test_try_and_the_loop_share_one_tag(target, capsys, tmp_path):
     assert try_(target, "-m", "LR 0.07") == 0
     capsys.readouterr()
     with ScriptedLLM([edit("shallower", "DEPTH = 8", "DEPTH = 2"), edit("deeper", "DEPTH = 2", "DEPTH = 3")]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "4"]) == 0
     assert "3 experiments so far" in capsys.readouterr().out  # the checkout's train.py is a measured one: accepted
     history = events(target, "experiment")
@@ -172,7 +172,7 @@ def test_the_loop_sends_a_duplicate_back_to_the_llm_with_the_earlier_number(targ
     shallower = edit("shallower", "DEPTH = 8", "DEPTH = 2")
     lower = edit("lower LR", "LR = 0.05", "LR = 0.03")
     with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05"), lower, lower, shallower]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer", "anthropic",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "3"]) == 0
     repair = events(target, "repair")
     assert len(repair) == 1 and repair[0]["n"] == 3 and repair[0]["error"].startswith(
@@ -334,7 +334,7 @@ def test_identical_crash_candidates_never_share_a_commit(target, capsys):
 def test_an_unedited_old_best_is_brought_up_to_date_after_the_loop_kept(target, capsys):
     assert try_(target, "--baseline") == 0
     with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05")]) as llm:
-        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--proposer",
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", *STRICT, "--no-speculate", "--proposer",
                            "anthropic", "--base-url", llm.anthropic_url, "--max-experiments", "1"]) == 0
     capsys.readouterr()
     assert try_(target, "-m", "not edited yet") == 2

@@ -1,0 +1,202 @@
+"""
+HARNESS: a Ray cluster as the devices of agent.py's loop (--ray). agent.py stays the one driver that owns git and
+the ledger; each run becomes a Ray task that needs one GPU (one CPU on a cluster without GPUs). The task receives
+the candidate's files (its commit's tree, never your checkout) and the pristine evaluator, prepares data with the
+frozen prepare.py when its node has none, checks that the node's frozen inputs are the ones the tag recorded, trains
+(in bubblewrap where the node has it) and runs the separate evaluation there, and returns the Outcome, the run's log,
+the artifact's sha256 and the artifact itself (up to ARTIFACT_BACK_BYTES, for the holdout). A lost worker (node
+gone, process killed) is retried once, then recorded as a crash.
+
+    ray start --head                           # on the first machine (then: ray start --address=<head>:6379)
+    uv run agent.py --tag dec1 --ray auto      # or --ray <head>:6379
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import runner, sandbox
+from harness.errors import SetupError
+from harness.pool import Device
+from harness.target import FROZEN
+
+TICK_S = 1.0                    # how often the driver looks at a task in flight (status line, Ctrl-C)
+ARTIFACT_BACK_BYTES = 1 << 30   # a model artifact up to this size comes back to the driver (report.py --holdout)
+
+
+def connect(address, s):
+    """Join the Ray cluster at address ("auto": the one `ray start` made on this machine; a Ray session this
+    process already opened is used as it is). Returns one Device per GPU of the cluster (per CPU when it has none).
+    Raises SetupError when Ray is missing or no cluster answers."""
+    try:
+        import ray
+    except ImportError:
+        raise SetupError("--ray needs Ray: `uv sync --extra cluster`, then rerun") from None
+    # workers get each run's files from us, never a copy of this checkout (Ray's `uv run` hook would ship it whole)
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False,
+                     runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise SetupError(f"--ray {address}: no Ray cluster answered ({e}). Start one with `ray start --head` "
+                             "(see the README), or give its address") from None
+    resources = ray.cluster_resources()
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    backend = RayBackend(ray, gpus > 0)
+    slots = gpus or cpus
+    if slots < 1:
+        raise SetupError(f"--ray {address}: the cluster has no GPU and no CPU to run on ({resources})")
+    return [Device(f"ray:{i}", {}, 1, f"frozen-ray{i}", remote=backend) for i in range(slots)]
+
+
+class RayBackend:
+    """Runs train_candidate's runs as Ray tasks: job() packs one (in the driver, under the session's lock),
+    run() submits it and waits (in the device's worker thread)."""
+
+    def __init__(self, ray, gpus):
+        self.ray, self.gpus = ray, gpus
+        self.task = ray.remote(remote_run)
+
+    def job(self, s, run_dir, frozen_dir, env, log, n, commit):
+        """What a worker needs to run experiment n: the files, the settings, the environment (its artifact path is
+        the worker's own); and what the driver keeps (the session, the log path)."""
+        from harness.session import max_wall
+        payload = dict(files=read_tree(run_dir), frozen=read_tree(frozen_dir), metric=s.metric, timeout=s.timeout,
+                       env={k: v for k, v in env.items() if k != "AUTORESEARCH_ARTIFACT"},
+                       budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
+                       evaluation=s.evaluation and {k: s.evaluation[k] for k in ("digest", "tolerance", "artifact")},
+                       sandbox=s.args.sandbox, source=s.args.source)
+        return dict(payload=payload, s=s, n=n, log=log, commit=commit)
+
+    def run(self, job, device=None):
+        """Submit the job, wait for it (ticking the status line; Ctrl-C cancels it), retry once when the worker is
+        lost. Writes the run's log to job["log"]. Returns the runner's Outcome."""
+        ray, s, lost = self.ray, job["s"], []
+        for attempt in range(2):
+            options = {"num_gpus": 1} if self.gpus else {"num_cpus": 1}
+            ref = self.task.options(max_retries=0, **options).remote(job["payload"])
+            t0 = time.monotonic()
+            try:
+                while not ray.wait([ref], timeout=TICK_S)[0]:
+                    s.tick(job["n"], time.monotonic() - t0, device)
+                result = ray.get(ref)
+            except BaseException as e:
+                if isinstance(e, ray.exceptions.RayTaskError):       # a bug in the task itself: a crash
+                    return crashed(job, f"crash: the Ray task failed: {str(e).splitlines()[0][:300]}")
+                if not isinstance(e, ray.exceptions.RayError):       # Ctrl-C, or the loop stopping
+                    ray.cancel(ref, force=True)
+                    raise
+                lost.append(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                s.log("worker_lost", n=job["n"], attempt=attempt, error=lost[-1])
+                continue
+            Path(job["log"]).write_bytes(result["log"])
+            s.log("remote", n=job["n"], node=result["node"], artifact_sha256=result["artifact_sha256"])
+            if result.get("artifact") is not None:            # kept like a local run's, for the holdout
+                from harness.session import keep_artifact
+                with tempfile.TemporaryDirectory() as scratch:
+                    write_tree(result["artifact"], scratch)
+                    with s.lock:
+                        keep_artifact(s, job["n"], Path(scratch) / s.evaluation["artifact"])
+            result["outcome"].commit = job["commit"]
+            return result["outcome"]
+        return crashed(job, f"lost: the Ray worker was lost twice ({'; '.join(lost)})")
+
+
+def crashed(job, reason):
+    """An Outcome with no metric for a run that never returned one; its log says why."""
+    Path(job["log"]).write_text(reason + "\n")
+    return runner.Outcome(commit=job["commit"], metric=None, memory_gb=0.0, seconds=0.0, reason=reason, log_tail=reason)
+
+
+def read_tree(folder):
+    """{relative path: bytes} of every file under folder."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_tree(files, folder):
+    """Write read_tree's {relative path: bytes} under folder."""
+    for rel, data in files.items():
+        path = Path(folder) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def remote_run(payload):
+    """On a Ray worker: one run of a candidate, as train_candidate does it on the driver's machine (runner.run with the
+    sandbox and the separate evaluation), in a scratch directory removed afterwards. Returns {"outcome", "log" (bytes),
+    "node", "artifact_sha256"}."""
+    work = Path(tempfile.mkdtemp(prefix="autoresearch-ray-"))
+    run_dir, frozen, log = work / "run", work / "frozen", work / "run.log"
+    try:
+        write_tree(payload["files"], run_dir)
+        write_tree(payload["frozen"], frozen)
+        problem, evaluator_only = node_ready(frozen, payload, log)
+        if problem:
+            return {"outcome": runner.Outcome("", None, 0.0, 0.0, problem, problem), "log": log.read_bytes(),
+                    "node": socket.gethostname(), "artifact_sha256": None}
+        ev = payload["evaluation"]
+        artifact = run_dir / (ev or {}).get("artifact", "artifact")
+        wrap, eval_wrap, env = (lambda argv: argv), (lambda argv: argv), dict(payload["env"])
+        sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
+        if sandboxed:
+            hide = [Path("/run"), *sandbox.credential_paths()]
+            expose = [Path(sys.prefix)] + [Path(v) for k, v in os.environ.items()
+                                           if k.startswith("AUTORESEARCH_") and os.path.isabs(v) and Path(v).exists()]
+            wrap = lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide + evaluator_only, expose=expose)  # noqa: E731
+            eval_wrap = lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide, expose=expose + [frozen])  # noqa: E731
+            env.update(sandbox.scratch_env())
+        elif payload["sandbox"] == "bwrap":
+            reason = f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}"
+            log.write_text(reason + "\n")
+            return {"outcome": runner.Outcome("", None, 0.0, 0.0, reason, reason), "log": log.read_bytes(),
+                    "node": socket.gethostname(), "artifact_sha256": None}
+        env["AUTORESEARCH_ARTIFACT"] = str(artifact)
+        evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
+                                              tolerance=ev["tolerance"], own_required=not sandboxed,
+                                              wrap=eval_wrap)
+        spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
+                              frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
+                              max_wall=payload["max_wall"], evaluation=evaluation)
+        outcome = runner.run(spec)
+        digest, back = None, None
+        if artifact.exists():                       # a file, or a folder (GRPO's weights)
+            files = read_tree(run_dir) if artifact.is_dir() else {artifact.name: artifact.read_bytes()}
+            files = {rel: data for rel, data in files.items() if Path(rel).parts[0] == artifact.name}
+            digest = hashlib.sha256(b"".join(rel.encode() + data for rel, data in sorted(files.items()))).hexdigest()
+            back = files if sum(map(len, files.values())) <= ARTIFACT_BACK_BYTES else None
+        return {"outcome": outcome, "log": log.read_bytes(), "node": socket.gethostname(), "artifact_sha256": digest,
+                "artifact": back}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def node_ready(frozen, payload, log):
+    """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
+    default download); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
+    evaluator-only paths to hide from train.py). Their output goes to log."""
+    python = runner.interpreter()
+    with open(log, "ab") as out:
+        if subprocess.run([python, "prepare.py", "--check"], cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
+            argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else [])
+            if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
+                return f"crash: no data on node {socket.gethostname()} and prepare.py failed there (see the log)", []
+        if payload["evaluation"] is None:
+            return "", []
+        found = subprocess.run([python, "prepare.py", "--frozen-inputs"], cwd=frozen, capture_output=True, text=True)
+    try:
+        inputs = json.loads(found.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"crash: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", []
+    if inputs["digest"] != payload["evaluation"]["digest"]:
+        return (f"rejected: the frozen inputs on node {socket.gethostname()} (digest {inputs['digest'][:12]}) differ "
+                f"from the tag's ({payload['evaluation']['digest'][:12]}): other data or tokenizer there"), []
+    return "", [Path(p) for p in inputs["evaluator_only"]]

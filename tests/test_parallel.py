@@ -1,0 +1,220 @@
+"""
+Every device busy (issue 11) on the tiny target: speculative proposals (asked while a candidate trains, re-applied
+to a new best or dropped), --devices cpu:2 (runs overlap, verdicts in order, a stale winner re-run on the new best,
+SIGKILL mid-wave and resume), and --ray on a local Ray instance (a lost worker retried once, then a crash).
+"""
+
+import datetime
+import signal
+import subprocess
+import sys
+import time
+
+import git
+import pytest
+
+import agent
+from agent_target import STRICT, edit
+from llm_server import ScriptedLLM
+from test_agent import AGENT, events, live_members, rows, tree_is_clean
+
+LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
+LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
+DEPTH_DOWN = edit("DEPTH 6", "DEPTH = 8", "DEPTH = 6")          # 1.106000 on the baseline, 1.056000 after LR_UP
+WARMUP = edit("WARMUP 0.2", "WARMUP = 0.1", "WARMUP = 0.2")     # no change of the metric: discard
+
+
+def slow(target, seconds):
+    """Commit the tiny target's train.py with SLEEP = seconds on main (each run takes that long)."""
+    path = target / "train.py"
+    path.write_text(path.read_text().replace("SLEEP = 0.0", f"SLEEP = {seconds}"))
+    git.Repo(target).git.commit("-qam", f"runs take {seconds}s")
+
+
+def stamp(e):
+    """An event's time as time.time() seconds."""
+    return datetime.datetime.fromisoformat(e["ts"]).timestamp()
+
+
+def loop(target, llm, *extra):
+    """agent.main in-process: the loop on tag t, strict ratchet, the loopback LLM."""
+    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", *STRICT, "--proposer", "anthropic",
+                       "--base-url", llm.anthropic_url, *extra])
+
+
+def parent(target, commit):
+    """The full sha of a commit's parent."""
+    return git.Repo(target).commit(commit).parents[0].hexsha
+
+
+def ledger_holds(target, tag="t"):
+    """The ledger invariants: one row per experiment event (same commits, in order), every keep on the branch, the
+    branch tip the last keep, the user's checkout clean and on main."""
+    exps = events(target, "experiment")
+    assert [r.split("\t")[0] for r in rows(target)] == [e["commit"] for e in exps]
+    assert [e["n"] for e in exps] == list(range(len(exps)))
+    repo = git.Repo(target)
+    tip = repo.commit(f"autoresearch/{tag}").hexsha
+    keeps = [e["full_commit"] for e in exps if e["status"] == "keep"]
+    assert tip == keeps[-1] and all(repo.is_ancestor(k, tip) for k in keeps)
+    assert tree_is_clean(target) and repo.active_branch.name == "main"
+    return exps
+
+
+# ---------------------------------------------------------------------------
+# Speculation on one device
+# ---------------------------------------------------------------------------
+
+
+def test_the_next_idea_is_asked_while_training_and_reapplied_to_a_new_best(target):
+    slow(target, 1.5)
+    with ScriptedLLM([LR_UP, DEPTH_DOWN], delay=0.3) as llm:
+        assert loop(target, llm, "--max-experiments", "2") == 0
+    exps = ledger_holds(target)
+    assert [(e["description"], e["status"]) for e in exps] == [("baseline", "keep"), ("LR 0.045", "keep"),
+                                                               ("DEPTH 6", "keep")]
+    assert [e["metric"] for e in exps] == [1.108, 1.058, 1.056]
+    # the second idea was asked while #1 trained, against the baseline (#1's result unknown then) ...
+    started1 = next(e for e in events(target, "started") if e["n"] == 1)
+    end1 = next(e for e in events(target, "run_end") if e["n"] == 1)
+    assert stamp(started1) < llm.times[1] < stamp(end1) - 1.0
+    prompt = llm.requests[1][1]["messages"][0]["content"]
+    assert "Still running, results not known yet" in prompt and "#1 LR 0.045" in prompt
+    assert "LR = 0.04\n" in prompt.split("# Current train.py")[1]
+    # ... and re-applied to the new best: #2 is built on #1's commit
+    assert [e["idea"] for e in events(target, "reapplied")] == ["DEPTH 6"]
+    assert parent(target, exps[2]["full_commit"]) == exps[1]["full_commit"]
+    assert exps[2]["base"] == exps[1]["full_commit"] and exps[2]["base_metric"] == 1.058
+
+
+def test_a_prepared_edit_that_no_longer_applies_is_dropped_and_asked_again(target):
+    slow(target, 1.5)
+    with ScriptedLLM([LR_UP, LR_OTHER, DEPTH_DOWN], delay=0.3) as llm:
+        assert loop(target, llm, "--max-experiments", "2") == 0
+    exps = ledger_holds(target)
+    assert [e["description"] for e in exps] == ["baseline", "LR 0.045", "DEPTH 6"]
+    [dropped] = events(target, "dropped")
+    assert dropped["idea"] == "LR 0.06" and "does not occur in train.py" in dropped["error"]
+    assert len(llm.requests) == 3
+    # the fresh proposal saw #1's result and no run in flight
+    prompt = llm.requests[2][1]["messages"][0]["content"]
+    assert "Results known: all 2 experiments so far" in prompt and "LR = 0.045\n" in prompt
+
+
+def test_no_speculate_asks_only_when_the_device_is_free(target):
+    slow(target, 1.0)
+    with ScriptedLLM([LR_UP, DEPTH_DOWN], delay=0.3) as llm:
+        assert loop(target, llm, "--max-experiments", "2", "--no-speculate") == 0
+    end1 = next(e for e in events(target, "run_end") if e["n"] == 1)
+    assert llm.times[1] > stamp(end1) and not events(target, "reapplied")
+
+# ---------------------------------------------------------------------------
+# Several devices: --devices cpu:2
+# ---------------------------------------------------------------------------
+
+
+def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(target):
+    slow(target, 2.0)
+    with ScriptedLLM([LR_UP + "\n" + DEPTH_DOWN, WARMUP], delay=0.2) as llm:
+        assert loop(target, llm, "--max-experiments", "4", "--devices", "cpu:2", "--no-speculate") == 0
+    exps = ledger_holds(target)
+    # one call asked for two different ideas
+    assert "This time propose 2 experiments" in llm.requests[0][1]["messages"][0]["content"]
+    first, second = exps[1], exps[2]
+    assert (first["description"], first["status"]) == ("LR 0.045", "keep")
+    # DEPTH 6 beat the baseline it was built on, but #1 moved the best while it ran: superseded, never kept untested
+    assert second["status"] == "discard" and "superseded" in second["description"]
+    assert second["base"] == exps[0]["full_commit"] and second["metric"] == 1.106
+    rerun = next(e for e in exps[3:] if e.get("rebased_from") == 2)
+    assert rerun["status"] == "keep" and rerun["metric"] == 1.056 and rerun["description"] == "DEPTH 6"
+    assert parent(target, rerun["full_commit"]) == first["full_commit"]
+    # the two runs of the wave overlapped in time, one on each device
+    runs = {e["n"]: e for e in events(target, "run")}
+    ends = {e["n"]: e for e in events(target, "run_end")}
+    assert stamp(runs[2]) < stamp(ends[1]) and stamp(runs[1]) < stamp(ends[2])
+    assert {runs[1]["device"], runs[2]["device"]} == {"cpu:0", "cpu:1"}
+    assert {e["n"]: e["wave"] for e in events(target, "started")}[1] == {e["n"]: e["wave"]
+                                                                        for e in events(target, "started")}[2]
+    # the throughput figures are logged: both devices busy most of the time
+    stop = events(target, "stop")[-1]
+    assert set(stop["busy"]) == {"cpu:0", "cpu:1"} and stop["experiments_per_hour"] > 0
+
+
+def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
+    slow(target, 4.0)
+    argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60", *STRICT,
+            "--proposer", "random", "--devices", "cpu:2", "--max-experiments", "3", "--sandbox", "off"]
+    proc = subprocess.Popen(argv, cwd=target, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:           # wait until both devices train a candidate
+        running = [e for e in (events(target, "run") if (target / "events.jsonl").exists() else []) if e["n"] > 0]
+        if len(running) >= 2:
+            break
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the two devices never trained at once")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    orphans = [e["pgid"] for e in running]
+    assert agent.main(argv[2:]) == 0             # resume: the orphaned runs are killed, the wave re-asked
+    assert all(live_members(pgid) == [] for pgid in orphans)   # without the sandbox they outlived the agent
+    exps = ledger_holds(target)
+    assert len(exps) == 4 and exps[0]["description"] == "baseline"
+    assert len({e["full_commit"] for e in exps}) == 4             # no idea ran twice, in flight or not
+    assert not list((target / ".git" / "autoresearch" / "t" / "runs").glob("*"))
+
+# ---------------------------------------------------------------------------
+# A Ray cluster: a local instance
+# ---------------------------------------------------------------------------
+
+KILL_WORKER = edit("kill my worker", "DEPTH = 8", "DEPTH = 7\nos.kill(os.getppid(), 9)")
+KILL_ONCE = edit("kill my worker once", "DEPTH = 8", "DEPTH = 6\n"
+                 "MARKER = os.path.join(os.environ['AUTORESEARCH_CACHE'], 'killed-once')\n"
+                 "if not os.path.exists(MARKER):\n"
+                 "    open(MARKER, 'w').close()\n"
+                 "    os.kill(os.getppid(), 9)")
+
+
+@pytest.fixture
+def local_ray(target, monkeypatch):
+    """A local Ray instance with 2 CPUs, started by the test in this process (agent.py uses it as it is)."""
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")   # else Ray ships this checkout to its workers
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_runs_the_experiments_and_retries_a_lost_worker_once(target, local_ray):
+    with ScriptedLLM([LR_UP, KILL_WORKER, KILL_ONCE]) as llm:
+        assert loop(target, llm, "--max-experiments", "3", "--ray", "auto", "--sandbox", "off",
+                    "--no-speculate") == 0
+    exps = ledger_holds(target)
+    assert [(e["description"].split(" (")[0], e["status"]) for e in exps[:3]] == [
+        ("baseline", "keep"), ("LR 0.045", "keep"), ("kill my worker", "crash")]
+    assert exps[1]["metric"] == 1.058 and "the Ray worker was lost twice" in exps[2]["description"]
+    # two Ray slots: #3 started on the baseline (1.106, then superseded by #1) or on #1 (1.056), by timing
+    assert exps[3]["description"].startswith("kill my worker once") and exps[3]["metric"] in (1.106, 1.056)
+    assert len(llm.requests) == 3                              # a lost worker is not a bug: no fix was asked for
+    lost = events(target, "worker_lost")
+    assert sorted(e["n"] for e in lost) == [2, 2, 3]         # retried once each; the second try of #3 succeeded
+    remote = events(target, "remote")
+    assert {e["n"] for e in remote} == {0, 1, 3} and all(len(e["artifact_sha256"]) == 64 for e in remote)
+    assert {e["device"] for e in events(target, "run")} <= {"ray:0", "ray:1"}
+    # the runs' logs and artifacts came back: the separate evaluation ran on the worker; the holdout is scored here
+    assert sorted(p.name for p in (target / ".git" / "autoresearch" / "t" / "artifacts").iterdir()) == [
+        "0000-artifact", "0003-artifact"]
+    assert "=== separate evaluation" in (target / ".git" / "autoresearch" / "t" / "logs" / "0003-0.log").read_text()
+
+
+def test_bad_devices_and_ray_flags_are_refused(target, capsys):
+    for flags, message in ((["--devices", "cpu:0"], "between cpu:1 and cpu:"),
+                           (["--devices", "0,0"], "distinct CUDA device indices"),
+                           (["--devices", "gpu"], "distinct CUDA device indices"),
+                           (["--devices", "0", "--ray", "auto"], "pick one")):
+        with pytest.raises(SystemExit) as e:
+            agent.parse_args(["--tag", "t", "--proposer", "random", *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert [d.env for d in agent.parse_args(["--tag", "t", "--proposer", "random", "--devices", "1,3"]).device_list] \
+        == [{"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "3"}]
