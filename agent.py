@@ -97,11 +97,11 @@ def research_loop(s):
     idea becomes a candidate commit on the best as it is when a device frees, the devices train and judge (see
     measure), and the verdicts are recorded here, one at a time, in experiment order. On one device with
     --no-speculate that is exactly propose, commit, run, judge, record, advance."""
-    pool = s.pool
+    pool, lookahead = s.pool, 0 if s.args.no_speculate else 1
+    s.assigned = max(1, s.next_n)       # s.queue: fixes to run before any new idea; s.ideas: proposals not run yet
     if s.next_n == 0:
-        run_baseline(s)
-    s.assigned = s.next_n               # s.queue: fixes to run before any new idea; s.ideas: proposals not run yet
-    ideas, finished, lookahead, reason = s.ideas, {}, 0 if s.args.no_speculate else 1, None
+        run_baseline(s, lookahead)
+    ideas, finished, reason = s.ideas, {}, None
     while True:
         while s.next_n in finished:                              # record (and advance), in experiment order
             settle(s, *finished.pop(s.next_n), ideas)
@@ -189,9 +189,10 @@ def settle(s, job, outcome, status, runs, ideas):
     s.log("throughput", n=n, **s.pool.throughput(len(s.history)).fields())
 
 
-def run_baseline(s):
+def run_baseline(s, lookahead=0):
     """Experiment 0: the unmodified train.py at the branch start, measured on this machine --baseline-runs times
-    with different seeds: their mean is the first best, their standard deviation the noise floor."""
+    with different seeds: their mean is the first best, their standard deviation the noise floor. lookahead: ask for
+    the first ideas (one per device) while it trains (speculation)."""
     t0, spent0, commit = time.monotonic(), s.spent(), s.best_commit
     make_candidate_ref(s.repo, s.args.tag, 0, commit)
     s.status(0, f"baseline: {s.args.baseline_runs} run(s)")
@@ -203,6 +204,8 @@ def run_baseline(s):
             while waiting and s.pool.free:
                 s.pool.submit(lambda device, run: train_candidate(s, 0, 0, commit, run=run, device=device),
                               waiting.pop(0))
+            if lookahead and not waiting and not s.ideas and allowed(s) > 0:   # the devices are busy: ask now
+                propose(s, min(len(s.pool.devices), allowed(s)))
             for run, outcome in s.pool.done():
                 outcomes[run] = outcome
     for outcome in outcomes:
@@ -239,9 +242,10 @@ def judge(s, n, attempt, first, base=None, device=None):
     """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
     the metrics of its runs). A first run whose throughput (tokens/s) is more than THROUGHPUT_SHARE away from the
     best's is run again first, and the repeat counts instead (a busy or throttled device, or a model of another
-    speed: the repeat tells); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it beats the best (the mean of the best's runs) by less
-    than margin(s). Otherwise it is run --confirm more times with other seeds, and kept only if the mean of all its
-    runs beats the best by the margin (a confirmation that crashes: a crash). With --confirm 0, the first run decides
+    speed: the repeat tells); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it
+    beats the best (the mean of the best's runs) by less than margin(s). Otherwise it is run --confirm more times with
+    other seeds, and kept only if the mean of all its runs beats the best by the margin (a confirmation that crashes:
+    a crash). With --confirm 0, the first run decides
     alone (margin 0 unless --margin: karpathy's strict ratchet). base: (metric, tokens/s) of the best the candidate
     was built on (default: the best now); device: where its runs go (see train_candidate). Safe in a worker thread:
     it reads only settings and base."""
@@ -304,10 +308,11 @@ def propose(s, k=1):
     candidates are still in flight. The usable ideas (possibly fewer than k) join s.ideas; none when no answer could
     be repaired (a failure for the breaker)."""
     n, train_src, t0 = s.assigned, best_source(s), time.monotonic()
-    running = sorted((j.n, j.idea.description) for _, j in s.pool.running.values())
+    running = sorted((j.n, j.idea.description) for _, j in s.pool.running.values() if isinstance(j, Job))
     pending = (f"Results known: experiments #0-#{len(s.history) - 1}. Still running, results not known yet (do not "
                "propose these again): " + "; ".join(f"#{i} {d}" for i, d in running) if running else
-               f"Results known: all {len(s.history)} experiments so far (#0-#{len(s.history) - 1}); none running.")
+               f"Results known: all {len(s.history)} experiments so far (#0-#{len(s.history) - 1}); none running."
+               if s.history else "Results known: none yet: the baseline (#0, train.py as it is) is still training.")
     prompt = PROPOSE_PROMPT.format(program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric,
                                    goal=goal_word(s.goal), history=format_history(s.history, s.metric, margin(s),
                                                                           touched_by(s)),
@@ -373,7 +378,7 @@ def ask_for_edit(s, n, messages, train_src, k=1):
 
 def in_flight(s):
     """The ideas asked for but not recorded yet: running on a device, or prepared to run next."""
-    return [job.idea for _, job in (s.pool.running.values() if s.pool else ())] + list(s.ideas)
+    return [job.idea for _, job in (s.pool.running.values() if s.pool else ()) if isinstance(job, Job)] + list(s.ideas)
 
 
 def split_ideas(answer):
@@ -387,7 +392,8 @@ def split_ideas(answer):
 def ask_fix(s, job, outcome):
     """The crashed candidate goes back to the LLM with its log tail; a usable fix amends the commit (same parent) and
     becomes the job's next attempt. Returns that Job, or None."""
-    crashed_src = file_at(s.repo, job.commit, s.train_rel)
+    with s.lock:                        # the devices' threads use the repository too
+        crashed_src = file_at(s.repo, job.commit, s.train_rel)
     prompt = FIX_PROMPT.format(description=job.idea.description, reason=outcome.reason, tail=outcome.log_tail,
                                train=crashed_src)
     s.status(job.n, f"asking for fix {job.fixes + 1}")
@@ -730,6 +736,11 @@ def research_main(s, proposer, constants):
         frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
     devices = args.device_list if args.ray is None else cluster.connect(args.ray, s)
     s.pool = Pool(devices, len(s.history))
+    if len(devices) > 1 and s.wrap is None and args.ray is None:   # same user, same machine, nothing in between
+        console.say(f"warning: {len(devices)} devices without the sandbox: a run can see and rewrite the files of the "
+                    "runs beside it (their run dirs, their evaluator copies while they score). Install bubblewrap "
+                    "(--sandbox auto) before trusting the verdicts of an unattended run")
+        s.log("warning", reason="several devices without the sandbox")
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
         run_prepare(target, "--preflight", timeout=s.timeout)

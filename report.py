@@ -370,6 +370,25 @@ def noise_of(run):
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
+def throughput_of(run):
+    """Lines on how busy the devices were, one per invocation of agent.py's loop on the run's tag (its last
+    "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait. [] without
+    events or such figures (runs from before they were logged, `agent.py try`)."""
+    lines, last = [], None
+    for e in run.events or []:
+        if run.tag is not None and e.get("tag") != run.tag:
+            continue
+        if e.get("event") == "start" and last is not None:
+            lines.append(last)
+            last = None
+        elif e.get("event") in ("throughput", "stop") and isinstance(e.get("busy"), dict):
+            last = e
+    lines += [last] if last is not None else []
+    return [f"throughput   {e['experiments_per_hour']:.1f} experiments/hour over {_duration(e['wall_s'])}; device busy "
+            + ", ".join(f"{name} {share:.0%}" for name, share in e["busy"].items())
+            + f"; proposal wait {e['proposal_wait_s']:.0f} device-seconds" for e in lines]
+
+
 def holdout_of(run):
     """report.py --holdout: the holdout line of the run's tag (harness.session.holdout_summary), found through the
     git repository holding results.tsv. ValueError when the run has no events (no tag to find its artifacts)."""
@@ -430,6 +449,8 @@ def main(argv=None):
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))
+        for line in throughput_of(run):
+            print(line)
     if args.holdout:
         print()
         try:

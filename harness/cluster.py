@@ -141,24 +141,16 @@ def remote_run(payload):
         write_tree(payload["frozen"], frozen)
         problem, evaluator_only = node_ready(frozen, payload, log)
         if problem:
-            return {"outcome": runner.Outcome("", None, 0.0, 0.0, problem, problem), "log": log.read_bytes(),
-                    "node": socket.gethostname(), "artifact_sha256": None}
+            return no_run(problem, log)
         ev = payload["evaluation"]
         artifact = run_dir / (ev or {}).get("artifact", "artifact")
-        wrap, eval_wrap, env = (lambda argv: argv), (lambda argv: argv), dict(payload["env"])
+        env = dict(payload["env"])
         sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
+        wrap, eval_wrap = node_wraps(sandboxed, run_dir, frozen, evaluator_only)
         if sandboxed:
-            hide = [Path("/run"), *sandbox.credential_paths()]
-            expose = [Path(sys.prefix)] + [Path(v) for k, v in os.environ.items()
-                                           if k.startswith("AUTORESEARCH_") and os.path.isabs(v) and Path(v).exists()]
-            wrap = lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide + evaluator_only, expose=expose)  # noqa: E731
-            eval_wrap = lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide, expose=expose + [frozen])  # noqa: E731
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
-            reason = f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}"
-            log.write_text(reason + "\n")
-            return {"outcome": runner.Outcome("", None, 0.0, 0.0, reason, reason), "log": log.read_bytes(),
-                    "node": socket.gethostname(), "artifact_sha256": None}
+            return no_run(f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}", log)
         env["AUTORESEARCH_ARTIFACT"] = str(artifact)
         evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
                                               tolerance=ev["tolerance"], own_required=not sandboxed,
@@ -179,13 +171,35 @@ def remote_run(payload):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def no_run(reason, log):
+    """remote_run's answer when the node could not run the candidate at all: the reason, at the end of the log."""
+    with open(log, "a") as out:
+        out.write(reason + "\n")
+    return {"outcome": runner.Outcome("", None, 0.0, 0.0, reason, reason), "log": Path(log).read_bytes(),
+            "node": socket.gethostname(), "artifact_sha256": None, "artifact": None}
+
+
+def node_wraps(sandboxed, run_dir, frozen, evaluator_only):
+    """(train.py's argv wrapper, the evaluator's) on this node: bubblewrap with /run, the credential stores and, for
+    train.py, the evaluator-only data hidden; the Python environment and AUTORESEARCH_* paths readable; the evaluator
+    reads its pristine copy. Identity without the sandbox."""
+    if not sandboxed:
+        return (lambda argv: argv), (lambda argv: argv)
+    hide = [Path("/run"), *sandbox.credential_paths()]
+    expose = [Path(sys.prefix)] + [Path(v) for k, v in os.environ.items()
+                                   if k.startswith("AUTORESEARCH_") and os.path.isabs(v) and Path(v).exists()]
+    return (lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide + evaluator_only, expose=expose),
+            lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide, expose=expose + [frozen]))
+
+
 def node_ready(frozen, payload, log):
     """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
     default download); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
     evaluator-only paths to hide from train.py). Their output goes to log."""
     python = runner.interpreter()
     with open(log, "ab") as out:
-        if subprocess.run([python, "prepare.py", "--check"], cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
+        check = subprocess.run([python, "prepare.py", "--check"], cwd=frozen, stdout=out, stderr=subprocess.STDOUT)
+        if check.returncode:
             argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else [])
             if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
                 return f"crash: no data on node {socket.gethostname()} and prepare.py failed there (see the log)", []

@@ -214,10 +214,15 @@ def advance_branch(repo, branch, new, old):
     repo.git.update_ref(f"refs/heads/{branch}", new, old)
 
 
+def blob_at(repo, commit, rel):
+    """The bytes of file rel at commit (`git show commit:rel`)."""
+    return (repo.commit(commit).tree / rel).data_stream.read()
+
+
 def file_at(repo, commit, rel):
-    """The text of file rel at commit (`git show commit:rel`); SetupError if it is not UTF-8."""
+    """The text of file rel at commit (blob_at, decoded); SetupError if it is not UTF-8."""
     try:
-        return (repo.commit(commit).tree / rel).data_stream.read().decode("utf-8")
+        return blob_at(repo, commit, rel).decode("utf-8")
     except UnicodeDecodeError as e:
         raise SetupError(f"{rel} at commit {commit[:7]} is not UTF-8 text ({e}): commit it as UTF-8 (and start a new "
                          "--tag from that commit)") from None

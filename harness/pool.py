@@ -36,8 +36,8 @@ def parse_devices(spec, threads):
     if m := re.fullmatch(r"cpu:(\d+)", spec.strip()):
         k = int(m.group(1))
         if not 1 <= k <= threads:
-            raise ValueError(f"--devices {spec}: between cpu:1 and cpu:{threads} (this machine's {threads} CPU threads; "
-                             "each worker needs one)")
+            raise ValueError(f"--devices {spec}: between cpu:1 and cpu:{threads} (this machine's {threads} CPU "
+                             "threads; each worker needs one)")
         return [Device(f"cpu:{i}", {"CUDA_VISIBLE_DEVICES": ""}, threads // k, frozen_name(i)) for i in range(k)]
     indices = [part.strip() for part in spec.split(",")]
     if not all(re.fullmatch(r"\d+", i) for i in indices) or len(set(indices)) != len(indices):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import git
 
-from harness import console, gitops, guard, ledger, runner, sandbox
+from harness import console, gitops, guard, ledger, prompts, runner, sandbox
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
@@ -200,7 +200,7 @@ def duplicate_of(s, source):
 def touched_by(s):
     """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants on the lines it changed (e.g.
     "DEPTH, MATRIX_LR"), or "code" when it changed none; cached, for the prompt's grouped older history."""
-    for e in s.history[1:]:
+    for e in s.history[1:-prompts.HISTORY_ROWS]:         # the prompt shows newer rows in full: no summary needed
         if e["n"] not in s.touched and e.get("base") and e.get("full_commit"):
             before = gitops.file_at(s.repo, e["base"], s.train_rel).splitlines()
             after = gitops.file_at(s.repo, e["full_commit"], s.train_rel).splitlines()
@@ -620,9 +620,10 @@ def open_session(args):
     return s, constants
 
 
+@locked
 def file_at_bytes(s, commit):
     """The bytes of the target's train.py at commit."""
-    return (s.repo.commit(commit).tree / s.train_rel).data_stream.read()
+    return gitops.blob_at(s.repo, commit, s.train_rel)
 
 
 def export_frozen(s, dest=None):

@@ -5,6 +5,7 @@ SIGKILL mid-wave and resume), and --ray on a local Ray instance (a lost worker r
 """
 
 import datetime
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import git
 import pytest
 
 import agent
+import report
 from agent_target import STRICT, edit
 from llm_server import ScriptedLLM
 from test_agent import AGENT, events, live_members, rows, tree_is_clean
@@ -113,7 +115,7 @@ def test_no_speculate_asks_only_when_the_device_is_free(target):
 # ---------------------------------------------------------------------------
 
 
-def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(target):
+def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(target, tmp_path, capsys):
     slow(target, 2.0)
     with ScriptedLLM([LR_UP + "\n" + DEPTH_DOWN, WARMUP], delay=0.2) as llm:
         assert loop(target, llm, "--max-experiments", "4", "--devices", "cpu:2", "--no-speculate") == 0
@@ -138,6 +140,10 @@ def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(tar
     # the throughput figures are logged: both devices busy most of the time
     stop = events(target, "stop")[-1]
     assert set(stop["busy"]) == {"cpu:0", "cpu:1"} and stop["experiments_per_hour"] > 0
+    capsys.readouterr()
+    assert report.main([str(target), "--png", str(tmp_path / "progress.png")]) == 0
+    assert re.search(r"(?m)^throughput   [\d.]+ experiments/hour over \S+; device busy cpu:0 \d+%, cpu:1 \d+%; "
+                     r"proposal wait \d+ device-seconds$", capsys.readouterr().out)
 
 
 def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
@@ -203,8 +209,9 @@ def test_ray_runs_the_experiments_and_retries_a_lost_worker_once(target, local_r
     assert {e["n"] for e in remote} == {0, 1, 3} and all(len(e["artifact_sha256"]) == 64 for e in remote)
     assert {e["device"] for e in events(target, "run")} <= {"ray:0", "ray:1"}
     # the runs' logs and artifacts came back: the separate evaluation ran on the worker; the holdout is scored here
+    best = [e["n"] for e in exps if e["status"] == "keep"][-1]
     assert sorted(p.name for p in (target / ".git" / "autoresearch" / "t" / "artifacts").iterdir()) == [
-        "0000-artifact", "0003-artifact"]
+        "0000-artifact", f"{best:04d}-artifact"]
     assert "=== separate evaluation" in (target / ".git" / "autoresearch" / "t" / "logs" / "0003-0.log").read_text()
 
 
