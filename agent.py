@@ -735,7 +735,6 @@ def research_main(s, proposer, constants):
         budget=s.budget, metric=s.metric, goal=goal_word(s.goal),
         frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
     devices = args.device_list if args.ray is None else cluster.connect(args.ray, s)
-    s.pool = Pool(devices, len(s.history))
     if len(devices) > 1 and s.wrap is None and args.ray is None:   # same user, same machine, nothing in between
         console.say(f"warning: {len(devices)} devices without the sandbox: a run can see and rewrite the files of the "
                     "runs beside it (their run dirs, their evaluator copies while they score). Install bubblewrap "
@@ -758,6 +757,7 @@ def research_main(s, proposer, constants):
                 f"{'' if args.no_speculate else ', speculating'}")
     s.status(s.next_n, f"checking {args.proposer} {args.model or ''} with a 1-token request")
     proposer.check()                    # a refused key or unknown model stops here, before the baseline
+    s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
     try:
         reason = research_loop(s)
     finally:                            # also on Stop and Ctrl-C: the runs in flight are killed, the threads joined
