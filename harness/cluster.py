@@ -73,7 +73,7 @@ class RayBackend:
                        env={k: v for k, v in env.items() if k != "AUTORESEARCH_ARTIFACT"},
                        budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
                        evaluation=s.evaluation and {k: s.evaluation[k] for k in ("digest", "tolerance", "artifact")},
-                       sandbox=s.args.sandbox, source=s.args.source)
+                       sandbox=s.args.sandbox, source=s.args.source, profile=s.profile)
         return dict(payload=payload, s=s, n=n, log=log, commit=commit)
 
     def run(self, job, device=None):
@@ -194,13 +194,14 @@ def node_wraps(sandboxed, run_dir, frozen, evaluator_only):
 
 def node_ready(frozen, payload, log):
     """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
-    default download); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
+    default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
     evaluator-only paths to hide from train.py). Their output goes to log."""
     python = runner.interpreter()
     with open(log, "ab") as out:
         check = subprocess.run([python, "prepare.py", "--check"], cwd=frozen, stdout=out, stderr=subprocess.STDOUT)
         if check.returncode:
-            argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else [])
+            argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else []) + (
+                ["--profile", payload["profile"]] if payload["profile"] else [])   # the tag's, not the node's guess
             if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
                 return f"crash: no data on node {socket.gethostname()} and prepare.py failed there (see the log)", []
         if payload["evaluation"] is None:
