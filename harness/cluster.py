@@ -135,13 +135,13 @@ def remote_run(payload):
     sandbox and the separate evaluation), in a scratch directory removed afterwards. Returns {"outcome", "log" (bytes),
     "node", "artifact_sha256"}."""
     work = Path(tempfile.mkdtemp(prefix="autoresearch-ray-"))
-    run_dir, frozen, log = work / "run", work / "frozen", work / "run.log"
+    run_dir, frozen, log, node_log = work / "run", work / "frozen", work / "run.log", work / "node.log"
     try:
         write_tree(payload["files"], run_dir)
         write_tree(payload["frozen"], frozen)
-        problem, evaluator_only = node_ready(frozen, payload, log)
+        problem, evaluator_only = node_ready(frozen, payload, node_log)   # its output leads the run's log
         if problem:
-            return no_run(problem, log)
+            return no_run(problem, node_log)
         ev = payload["evaluation"]
         artifact = run_dir / (ev or {}).get("artifact", "artifact")
         env = dict(payload["env"])
@@ -150,7 +150,8 @@ def remote_run(payload):
         if sandboxed:
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
-            return no_run(f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}", log)
+            return no_run(f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}",
+                          node_log)
         env["AUTORESEARCH_ARTIFACT"] = str(artifact)
         evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
                                               tolerance=ev["tolerance"], own_required=not sandboxed,
@@ -163,10 +164,11 @@ def remote_run(payload):
         if artifact.exists():                       # a file, or a folder (GRPO's weights)
             files = read_tree(run_dir) if artifact.is_dir() else {artifact.name: artifact.read_bytes()}
             files = {rel: data for rel, data in files.items() if Path(rel).parts[0] == artifact.name}
-            digest = hashlib.sha256(b"".join(rel.encode() + data for rel, data in sorted(files.items()))).hexdigest()
+            digest = hashlib.sha256(artifact.read_bytes() if artifact.is_file() else   # a folder: its paths and bytes
+                                    b"".join(rel.encode() + data for rel, data in sorted(files.items()))).hexdigest()
             back = files if sum(map(len, files.values())) <= ARTIFACT_BACK_BYTES else None
-        return {"outcome": outcome, "log": log.read_bytes(), "node": socket.gethostname(), "artifact_sha256": digest,
-                "artifact": back}
+        return {"outcome": outcome, "log": node_log.read_bytes() + log.read_bytes(), "node": socket.gethostname(),
+                "artifact_sha256": digest, "artifact": back}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

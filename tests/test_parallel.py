@@ -215,6 +215,25 @@ def test_ray_runs_the_experiments_and_retries_a_lost_worker_once(target, local_r
     assert "=== separate evaluation" in (target / ".git" / "autoresearch" / "t" / "logs" / "0003-0.log").read_text()
 
 
+def test_a_ray_node_without_data_prepares_it_with_the_frozen_prepare(target, tmp_path, monkeypatch):
+    """The node's workers see another data cache (empty): the task runs the pristine prepare.py there first."""
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray = pytest.importorskip("ray")
+    node_cache = tmp_path / "node-cache"
+    node_cache.mkdir()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"AUTORESEARCH_CACHE": str(node_cache)}})
+    try:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", *STRICT, "--proposer", "random",
+                           "--max-experiments", "1", "--ray", "auto", "--sandbox", "off"]) == 0
+    finally:
+        ray.shutdown()
+    assert (node_cache / "ready").exists()
+    exps = ledger_holds(target)
+    assert exps[0]["metric"] == 1.108 and len(exps) == 2
+    assert "Data: prepared" in (target / ".git" / "autoresearch" / "t" / "logs" / "0000-0.log").read_text()
+
+
 def test_bad_devices_and_ray_flags_are_refused(target, capsys):
     for flags, message in ((["--devices", "cpu:0"], "between cpu:1 and cpu:"),
                            (["--devices", "0,0"], "distinct CUDA device indices"),
