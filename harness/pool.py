@@ -90,6 +90,8 @@ class Pool:
         self.running = {}               # future -> (device, job)
         self.executor = concurrent.futures.ThreadPoolExecutor(len(devices), thread_name_prefix="device")
         self.cancel = threading.Event()  # set: every run in flight is killed at its next tick
+        # CPU workers share this machine's cores and disk: their start-up (imports, compile) slows down together
+        self.cpu_workers = len(devices) if all(d.name.startswith("cpu:") for d in devices) else 1
         self.started = time.monotonic()
         self.before = experiments_before
         self.wait_s = 0.0

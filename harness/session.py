@@ -384,12 +384,13 @@ def tokens_per_sec(outcome):
 
 def max_wall(s):
     """Seconds of train.py wall time allowed: the budget plus an allowance for start-up, export and evaluation
-    measured on the baseline: 1.5 x (baseline wall time - budget) + 2 % of the budget + 5 s. None before the
-    baseline is measured."""
+    measured on the baseline: 1.5 x (baseline wall time - budget) x K + 2 % of the budget + 5 s, where K is the
+    number of CPU workers sharing this machine (--devices cpu:K: K runs import and compile at once; else 1). None
+    before the baseline is measured."""
     if not s.history:
         return None
     overhead = max(0.0, s.history[0]["train_seconds"] - s.budget)
-    return s.budget + 1.5 * overhead + 0.02 * s.budget + 5
+    return s.budget + 1.5 * overhead * (s.pool.cpu_workers if s.pool else 1) + 0.02 * s.budget + 5
 
 
 @locked

@@ -41,12 +41,13 @@ HONEST = [line_edit("lower matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR =
           line_edit("one layer less", "    DEPTH = 4", "    DEPTH = 3")]
 
 
-def run(repo_dir, env, answers, mode):
-    """agent.py on the real target with these scripted answers; returns the experiment and run_end events."""
+def run(repo_dir, env, answers, mode, *extra):
+    """agent.py on the real target with these scripted answers (one after the other unless extra says otherwise);
+    returns the experiment and run_end events."""
     with ScriptedLLM(answers) as llm:
         result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--tag", "cheat", "--target", str(repo_dir),
                                  "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--sandbox", mode,
-                                 "--baseline-runs", "1", "--confirm", "0", "--no-speculate",
+                                 "--baseline-runs", "1", "--confirm", "0", *(extra or ["--no-speculate"]),
                                  "--max-experiments", str(sum(not a.startswith("I cannot") for a in answers))],
                                 cwd=repo_dir, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -92,11 +93,16 @@ def test_cheats_and_honest_edits_in_the_sandbox(real_repo):
 
 
 def test_patched_evaluators_disagree_with_the_separate_one_without_a_sandbox(real_repo):
+    """Both cheats train at once, on two CPU workers (and speculation): each is still caught by its own evaluator."""
     repo_dir, env = real_repo
-    exps, ends = run(repo_dir, env, [SCALED, SHIM], "off")
+    exps, ends = run(repo_dir, env, [SCALED, SHIM], "off", "--devices", "cpu:2")
     assert exps[0]["description"] == "baseline" and exps[0]["status"] == "keep"
+    assert [e["description"].split(" (")[0] for e in exps[1:]] == ["scale the evaluator's answer",
+                                                                    "shim the cross-entropy"]
     for e in exps[1:]:
         assert e["status"] == "crash" and "rejected: metric mismatch: train.py printed val_bpb" in e["description"]
+    first, second = (next(r for r in ends if r["n"] == n) for n in (1, 2))
+    assert {first["device"], second["device"]} == {"cpu:0", "cpu:1"}
 
 
 # ---------------------------------------------------------------------------
