@@ -241,8 +241,9 @@ def stop_reason(s):
 def judge(s, n, attempt, first, base=None, device=None):
     """The verdict on a candidate's first run, with confirmation runs where it looks like a win. Returns (status,
     the metrics of its runs). A first run whose throughput (tokens/s) is more than THROUGHPUT_SHARE away from the
-    best's is run again first, and the repeat counts instead (a busy or throttled device, or a model of another
-    speed: the repeat tells); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it
+    best's is run again first, and the repeat counts too (a busy or throttled device, or a model of another speed:
+    the repeat tells; their mean is judged, since a repeat that replaced the first would be a re-roll train.py could
+    ask for by printing another tokens/s); not with --confirm 0, the strict single-run ratchet. crash: no metric. discard: it
     beats the best (the mean of the best's runs) by less than margin(s). Otherwise it is run --confirm more times with
     other seeds, and kept only if the mean of all its runs beats the best by the margin (a confirmation that crashes:
     a crash). With --confirm 0, the first run decides
@@ -262,9 +263,10 @@ def judge(s, n, attempt, first, base=None, device=None):
         if again.metric is None:
             first.metric, first.reason, first.log_tail = None, f"its repeat crashed: {again.reason}", again.log_tail
             return "crash", []
-        first.metric, first.summary, first.memory_gb = again.metric, again.summary, again.memory_gb
-    runs = [first.metric]
-    if not beats(s, first.metric, best_metric):
+        runs = [first.metric, again.metric]    # both count: train.py prints its own tokens/s, so a repeat it asks
+    else:                                      # for must never replace an unlucky first run
+        runs = [first.metric]
+    if not beats(s, statistics.fmean(runs), best_metric):
         return "discard", runs
     for run in range(1, s.args.confirm + 1):
         s.status(n, f"confirming: run {run + 1} of {s.args.confirm + 1}")

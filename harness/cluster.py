@@ -73,7 +73,11 @@ class RayBackend:
                        env={k: v for k, v in env.items() if k != "AUTORESEARCH_ARTIFACT"},
                        budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
                        evaluation=s.evaluation and {k: s.evaluation[k] for k in ("digest", "tolerance", "artifact")},
-                       sandbox=s.args.sandbox, source=s.args.source, profile=s.profile)
+                       sandbox=s.args.sandbox, source=s.args.source, profile=s.profile,
+                       # what the driver hides (its repository and git dir: the best's artifact, every log, the
+                       # ledger; the evaluation data): hidden on the node too wherever it exists (the driver's own
+                       # machine can be a node)
+                       hide=[str(p) for p in s.hidden()], eval_hide=[str(p) for p in s.hidden(evaluator=True)])
         return dict(payload=payload, s=s, n=n, log=log, commit=commit)
 
     def run(self, job, device=None):
@@ -146,7 +150,7 @@ def remote_run(payload):
         artifact = run_dir / (ev or {}).get("artifact", "artifact")
         env = dict(payload["env"])
         sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
-        wrap, eval_wrap = node_wraps(sandboxed, run_dir, frozen, evaluator_only)
+        wrap, eval_wrap = node_wraps(sandboxed, run_dir, frozen, evaluator_only, payload)
         if sandboxed:
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
@@ -181,17 +185,20 @@ def no_run(reason, log):
             "node": socket.gethostname(), "artifact_sha256": None, "artifact": None}
 
 
-def node_wraps(sandboxed, run_dir, frozen, evaluator_only):
-    """(train.py's argv wrapper, the evaluator's) on this node: bubblewrap with /run, the credential stores and, for
-    train.py, the evaluator-only data hidden; the Python environment and AUTORESEARCH_* paths readable; the evaluator
-    reads its pristine copy. Identity without the sandbox."""
+def node_wraps(sandboxed, run_dir, frozen, evaluator_only, payload):
+    """(train.py's argv wrapper, the evaluator's) on this node: bubblewrap with /run, the credential stores, what the
+    driver hides (payload "hide" / "eval_hide", where it exists here) and, for train.py, this node's evaluator-only
+    data hidden; the Python environment and AUTORESEARCH_* paths readable; the evaluator reads its pristine copy.
+    Identity without the sandbox."""
     if not sandboxed:
         return (lambda argv: argv), (lambda argv: argv)
     hide = [Path("/run"), *sandbox.credential_paths()]
+    train_hide = hide + evaluator_only + [Path(p) for p in payload["hide"] if Path(p).exists()]
+    eval_hide = hide + [Path(p) for p in payload["eval_hide"] if Path(p).exists()]
     expose = [Path(sys.prefix)] + [Path(v) for k, v in os.environ.items()
                                    if k.startswith("AUTORESEARCH_") and os.path.isabs(v) and Path(v).exists()]
-    return (lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide + evaluator_only, expose=expose),
-            lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=hide, expose=expose + [frozen]))
+    return (lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=train_hide, expose=expose),
+            lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=eval_hide, expose=expose + [frozen]))
 
 
 def node_ready(frozen, payload, log):

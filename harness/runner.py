@@ -244,9 +244,11 @@ def kill_strays(ours, token):
     share ours, and another run's processes carry that run's token). Only those pids are waited for."""
     with _LIVE_LOCK:
         _LIVE.discard(token)
-        others = set(_LIVE)
     for _ in range(3):                      # a stray may fork while we look: look again
-        strays = {pid for pid in children() - ours if _stray(pid, token, others)}
+        found = children() - ours
+        with _LIVE_LOCK:                    # read after the scan: a run's token is live before its first process
+            others = set(_LIVE)
+        strays = {pid for pid in found if _stray(pid, token, others)}
         if not strays:
             return
         for pid in strays:

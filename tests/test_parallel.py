@@ -6,19 +6,24 @@ SIGKILL mid-wave and resume), and --ray on a local Ray instance (a lost worker r
 
 import datetime
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import git
 import pytest
 
 import agent
 import report
-from agent_target import STRICT, edit
+from agent_target import STRICT, edit, make_target
 from llm_server import ScriptedLLM
 from test_agent import AGENT, events, live_members, rows, tree_is_clean
+
+from harness import sandbox
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -187,7 +192,7 @@ def local_ray(target, monkeypatch):
     """A local Ray instance with 2 CPUs, started by the test in this process (agent.py uses it as it is)."""
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")   # else Ray ships this checkout to its workers
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -221,7 +226,7 @@ def test_a_ray_node_without_data_prepares_it_with_the_frozen_prepare(target, tmp
     ray = pytest.importorskip("ray")
     node_cache = tmp_path / "node-cache"
     node_cache.mkdir()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"AUTORESEARCH_CACHE": str(node_cache)}})
     try:
         assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", *STRICT, "--proposer", "random",
@@ -232,6 +237,36 @@ def test_a_ray_node_without_data_prepares_it_with_the_frozen_prepare(target, tmp
     exps = ledger_holds(target)
     assert exps[0]["metric"] == 1.108 and len(exps) == 2
     assert "Data: prepared" in (target / ".git" / "autoresearch" / "t" / "logs" / "0000-0.log").read_text()
+
+
+def test_a_ray_node_hides_the_drivers_repository_from_train_py(monkeypatch):
+    """The driver's machine is a node too (`ray start --head` here): its repository, outside /tmp (which the sandbox
+    replaces anyway), must be as hidden from train.py as in a local run: the best's artifact, the logs, the ledger."""
+    if sandbox.probe() is not None:
+        pytest.skip(sandbox.probe())
+    root = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        target = make_target(root / "repo")
+        (root / "cache").mkdir()
+        (root / "cache" / "ready").touch()
+        monkeypatch.setenv("AUTORESEARCH_CACHE", str(root / "cache"))
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        ray = pytest.importorskip("ray")
+        artifacts = target / ".git" / "autoresearch" / "t" / "artifacts"
+        look = edit("look around", "DEPTH = 8", f"DEPTH = 8\nprint('SEES', os.path.exists({str(artifacts)!r}), "
+                    f"os.path.exists({str(target / 'program.md')!r}))")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            with ScriptedLLM([look]) as llm:
+                assert loop(target, llm, "--max-experiments", "1", "--ray", "auto", "--no-speculate") == 0
+        finally:
+            ray.shutdown()
+        assert artifacts.is_dir() and (target / "program.md").exists()
+        assert "SEES False False" in (target / ".git" / "autoresearch" / "t" / "logs" / "0001-0.log").read_text()
+        assert ledger_holds(target)[1]["status"] == "discard"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_bad_devices_and_ray_flags_are_refused(target, capsys):
