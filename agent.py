@@ -73,7 +73,6 @@ class Idea:
     repairs: int
     cost: tuple
     wave: int
-    t0: float = dataclasses.field(default_factory=time.monotonic)
     rebased_from: int | None = None     # a superseded winner re-run on the new best
 
 
@@ -89,6 +88,7 @@ class Job:
     base_tps: float | None
     fixes: int = 0
     cost: tuple = (0, 0, 0.0, 0.0)
+    t0: float = dataclasses.field(default_factory=time.monotonic)   # when it was handed to its device
 
 
 def research_loop(s):
@@ -142,7 +142,7 @@ def start(s, idea):
                 raise EditError("on the new best it gives a train.py already measured or in flight")
         except EditError as e:
             s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e))
-            console.say(f"#{s.assigned:<4} dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
+            console.say(f"      dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
                         f"{s.best_commit[:7]} and {e}")
             return
         s.log("reapplied", idea=idea.description, base=idea.base, best=s.best_commit)
@@ -158,19 +158,20 @@ def start(s, idea):
 
 def measure(s, device, job):
     """On a device (a worker thread): train the candidate, then judge it against the best it was built on
-    (confirmation runs included). Returns (Outcome, status, runs)."""
+    (confirmation runs included). Returns (Outcome, status, runs, when it ended)."""
     outcome = train_candidate(s, job.n, job.fixes, job.commit, device=device)
-    return (outcome, *judge(s, job.n, job.fixes, outcome, base=(job.base_metric, job.base_tps), device=device))
+    status, runs = judge(s, job.n, job.fixes, outcome, base=(job.base_metric, job.base_tps), device=device)
+    return outcome, status, runs, time.monotonic()
 
 
-def settle(s, job, outcome, status, runs, ideas):
+def settle(s, job, outcome, status, runs, ended, ideas):
     """The verdict on a finished candidate, in the main thread: a crash may get a fix (the amended commit runs before
     anything new); a win over a best that has moved since it started is never kept untested: it is recorded as
     superseded (a discard) and its edit, re-applied to the new best, runs next; otherwise the event, the row, and on
     a keep the branch advances."""
     n, description = job.n, job.idea.description
     if status == "crash" and job.fixes < MAX_FIXES and s.proposer.is_llm and not outcome.reason.startswith(
-            ("timeout", "rejected", "lost")):                   # a verdict, or no run at all: not a bug to fix
+            ("timeout", "rejected", "lost", "node")):           # a verdict, or no run at all: not a bug to fix
         fixed = ask_fix(s, job, outcome)
         if fixed is not None:
             s.queue.append(fixed)
@@ -179,9 +180,10 @@ def settle(s, job, outcome, status, runs, ideas):
         status = "discard"
         outcome.reason = (f"superseded: it beat its base {job.base[:7]}, but the best moved to {s.best_commit[:7]} "
                           "while it ran; re-run on the new best")
-        ideas.appendleft(dataclasses.replace(job.idea, cost=(0, 0, 0.0, 0.0), rebased_from=n, t0=time.monotonic()))
-    record(s, n, outcome, status, description, job.idea.t0, None, job.idea.repairs, job.fixes, runs=runs,
-           base=(job.base, job.base_metric), cost=job.cost, wave=job.idea.wave, rebased_from=job.idea.rebased_from)
+        ideas.appendleft(dataclasses.replace(job.idea, cost=(0, 0, 0.0, 0.0), rebased_from=n))
+    record(s, n, outcome, status, description, job.t0, None, job.idea.repairs, job.fixes, runs=runs,
+           base=(job.base, job.base_metric), cost=job.cost, wall=ended - job.t0, wave=job.idea.wave,
+           rebased_from=job.idea.rebased_from)
     if status == "keep":                                     # only a measured, kept commit enters the branch
         advance_branch(s, outcome.commit)
         s.best_commit, s.best_metric = outcome.commit, s.history[-1]["metric"]
@@ -209,6 +211,9 @@ def run_baseline(s, lookahead=0):
             for run, outcome in s.pool.done():
                 outcomes[run] = outcome
     for outcome in outcomes:
+        if outcome.metric is None and outcome.reason.startswith(("lost", "node")):   # the cluster, not train.py
+            raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
+                       f"data (README: Ray), then rerun the same command. Last lines of {RUN_LOG}:\n{outcome.log_tail}")
         if outcome.metric is None:
             raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
                        f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"

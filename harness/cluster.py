@@ -13,6 +13,7 @@ gone, process killed) is retried once, then recorded as a crash.
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -27,6 +28,7 @@ from harness.errors import SetupError
 from harness.pool import Device
 from harness.target import FROZEN
 
+CONNECT_TIMEOUT_S = 5.0         # --ray HOST:PORT must accept a TCP connection this fast
 TICK_S = 1.0                    # how often the driver looks at a task in flight (status line, Ctrl-C)
 ARTIFACT_BACK_BYTES = 1 << 30   # a model artifact up to this size comes back to the driver (report.py --holdout)
 
@@ -35,19 +37,30 @@ def connect(address, s):
     """Join the Ray cluster at address ("auto": the one `ray start` made on this machine; a Ray session this
     process already opened is used as it is). Returns one Device per GPU of the cluster (per CPU when it has none).
     Raises SetupError when Ray is missing or no cluster answers."""
+    # workers get each run's files from us, never a copy of this checkout (Ray's `uv run` hook would ship it whole,
+    # untracked files and all); Ray reads this when it is imported
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         import ray
     except ImportError:
         raise SetupError("--ray needs Ray: `uv sync --extra cluster`, then rerun") from None
-    # workers get each run's files from us, never a copy of this checkout (Ray's `uv run` hook would ship it whole)
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    if address != "auto" and not ray.is_initialized():      # Ray itself retries a dead address for minutes
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as e:
+            raise SetupError(f"--ray {address}: nothing answers there ({e}): give the head node's HOST:PORT (6379 "
+                             "unless `ray start --head --port` said otherwise), or start one (see the README)") from None
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=False, include_dashboard=False,
-                     runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
+                     runtime_env={"py_modules": [str(Path(__file__).resolve().parent)],
+                                  "env_vars": node_env()})
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SetupError(f"--ray {address}: no Ray cluster answered ({e}). Start one with `ray start --head` "
-                             "(see the README), or give its address") from None
+                             "(see the README), or give its address. Ray >= 2.50 authenticates with a token by "
+                             "default: a driver that connects by address needs RAY_AUTH_MODE=token and the head's "
+                             "~/.ray/auth_token") from None
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
     backend = RayBackend(ray, gpus > 0)
@@ -55,6 +68,14 @@ def connect(address, s):
     if slots < 1:
         raise SetupError(f"--ray {address}: the cluster has no GPU and no CPU to run on ({resources})")
     return [Device(f"ray:{i}", {}, 1, f"frozen-ray{i}", remote=backend) for i in range(slots)]
+
+
+def node_env():
+    """Environment variables the tasks get on every node: this process's AUTORESEARCH_CACHE (and other
+    AUTORESEARCH_* settings but the per-run ones), so that a node that is this machine, or shares its disk, uses the
+    data the driver uses; a node where the path does not exist falls back to its own default (node_ready)."""
+    per_run = ("AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_SEED", "AUTORESEARCH_THREADS", "AUTORESEARCH_ARTIFACT")
+    return {k: v for k, v in os.environ.items() if k.startswith("AUTORESEARCH_") and k not in per_run}
 
 
 class RayBackend:
@@ -154,7 +175,7 @@ def remote_run(payload):
         if sandboxed:
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
-            return no_run(f"crash: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}",
+            return no_run(f"node: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}",
                           node_log)
         env["AUTORESEARCH_ARTIFACT"] = str(artifact)
         evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
@@ -206,20 +227,23 @@ def node_ready(frozen, payload, log):
     default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
     evaluator-only paths to hide from train.py). Their output goes to log."""
     python = runner.interpreter()
+    if os.environ.get("AUTORESEARCH_CACHE") and not Path(os.environ["AUTORESEARCH_CACHE"]).is_dir():
+        del os.environ["AUTORESEARCH_CACHE"]      # the driver's path is not on this node: its own default cache
     with open(log, "ab") as out:
         check = subprocess.run([python, "prepare.py", "--check"], cwd=frozen, stdout=out, stderr=subprocess.STDOUT)
         if check.returncode:
             argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else []) + (
                 ["--profile", payload["profile"]] if payload["profile"] else [])   # the tag's, not the node's guess
             if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
-                return f"crash: no data on node {socket.gethostname()} and prepare.py failed there (see the log)", []
+                return (f"node: no prepared data on node {socket.gethostname()} and prepare.py failed there (see the "
+                        "log): prepare it on every node (README, Ray), or give --source PATH valid on the nodes"), []
         if payload["evaluation"] is None:
             return "", []
         found = subprocess.run([python, "prepare.py", "--frozen-inputs"], cwd=frozen, capture_output=True, text=True)
     try:
         inputs = json.loads(found.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return f"crash: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", []
+        return f"node: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", []
     if inputs["digest"] != payload["evaluation"]["digest"]:
         return (f"rejected: the frozen inputs on node {socket.gethostname()} (digest {inputs['digest'][:12]}) differ "
                 f"from the tag's ({payload['evaluation']['digest'][:12]}): other data or tokenizer there"), []

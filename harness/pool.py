@@ -8,9 +8,14 @@ process, agent.py, owns git, results.tsv and events.jsonl: a worker only trains,
 
 import concurrent.futures
 import dataclasses
+import itertools
+import queue
 import re
+import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 
 @dataclasses.dataclass
@@ -27,10 +32,12 @@ class Device:
     since: float | None = None      # when the job in flight on it started (monotonic), None when it is free
 
 
-def parse_devices(spec, threads):
-    """--devices: None -> this machine as it is (one device); "0,1,3" -> one device per CUDA index (each run sees
-    only its GPU through CUDA_VISIBLE_DEVICES); "cpu:K" -> K CPU workers sharing this machine's `threads` CPU
-    threads (each run gets threads // K, and no GPU). Raises ValueError naming the mistake."""
+def parse_devices(spec, threads, gpus=None):
+    """--devices: None -> this machine as it is (one device); "0,1,3" (or "cuda:0,cuda:1") -> one device per CUDA
+    index (each run sees only its GPU through CUDA_VISIBLE_DEVICES); "cpu:K" -> K CPU workers sharing this machine's
+    `threads` CPU threads (each run gets threads // K, and no GPU). gpus: how many NVIDIA GPUs this machine has
+    (default: nvidia_gpus()); CUDA indices on a machine with none are refused. Raises ValueError naming the
+    mistake."""
     if spec is None:
         return [Device("default", {}, threads)]
     if m := re.fullmatch(r"cpu:(\d+)", spec.strip()):
@@ -39,12 +46,24 @@ def parse_devices(spec, threads):
             raise ValueError(f"--devices {spec}: between cpu:1 and cpu:{threads} (this machine's {threads} CPU "
                              "threads; each worker needs one)")
         return [Device(f"cpu:{i}", {"CUDA_VISIBLE_DEVICES": ""}, threads // k, frozen_name(i)) for i in range(k)]
-    indices = [part.strip() for part in spec.split(",")]
+    indices = [part.strip().removeprefix("cuda:") for part in spec.split(",")]
     if not all(re.fullmatch(r"\d+", i) for i in indices) or len(set(indices)) != len(indices):
         raise ValueError(f"--devices {spec!r}: give distinct CUDA device indices (e.g. 0,1,2,3) or cpu:K for K CPU "
                          "workers (e.g. cpu:2)")
+    gpus = nvidia_gpus() if gpus is None else gpus
+    if gpus == 0:
+        raise ValueError(f"--devices {spec}: this machine has no NVIDIA GPU (no /dev/nvidia0, ...): use cpu:K for "
+                         "K CPU workers, or leave --devices out")
     return [Device(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": i}, max(1, threads // len(indices)), frozen_name(j))
             for j, i in enumerate(indices)]
+
+
+def nvidia_gpus():
+    """How many NVIDIA GPUs this machine shows (/dev/nvidia0, /dev/nvidia1, ...); None where that cannot be told
+    (not Linux: no check)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return sum(1 for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
 
 
 def frozen_name(i):
@@ -82,12 +101,16 @@ class Throughput:
 
 class Pool:
     """Worker threads, one per device: submit(fn, job) runs fn(device, job) on a free device; done() waits for the
-    next to finish. The caller (agent.py's loop, the main thread) alone decides what runs and records verdicts."""
+    next to finish. The caller (agent.py's loop, the main thread) alone decides what runs and records verdicts.
+    Finished jobs come back through a queue: the main thread only ever waits in Queue.get, which a Ctrl-C interrupts
+    cleanly (concurrent.futures.wait can be left holding half its locks)."""
 
     def __init__(self, devices, experiments_before):
         self.devices = list(devices)
         self.free = list(devices)
-        self.running = {}               # future -> (device, job)
+        self.running = {}               # key -> (device, job)
+        self.finished = queue.Queue()   # (key, result, exception) of each job that ended
+        self.keys = itertools.count()
         self.executor = concurrent.futures.ThreadPoolExecutor(len(devices), thread_name_prefix="device")
         self.cancel = threading.Event()  # set: every run in flight is killed at its next tick
         # CPU workers share this machine's cores and disk: their start-up (imports, compile) slows down together
@@ -98,26 +121,35 @@ class Pool:
 
     def submit(self, fn, job):
         """Start fn(device, job) on the first free device (there must be one). Returns the device."""
-        device = self.free.pop(0)
-        self.running[self.executor.submit(self._work, fn, device, job)] = (device, job)
+        device, key = self.free.pop(0), next(self.keys)
+        self.running[key] = (device, job)
+        self.executor.submit(self._work, fn, device, job, key)
         return device
 
-    def _work(self, fn, device, job):
+    def _work(self, fn, device, job, key):
         device.since = time.monotonic()
+        result, error = None, None
         try:
-            return fn(device, job)
-        finally:
-            device.busy_s += time.monotonic() - device.since
-            device.since = None
+            result = fn(device, job)
+        except BaseException as e:      # handed to the main thread, which raises it
+            error = e
+        device.busy_s += time.monotonic() - device.since
+        device.since = None
+        self.finished.put((key, result, error))
 
     def done(self):
         """Wait until at least one job finishes; returns [(job, result)] (a job's exception is raised here)."""
-        finished, _ = concurrent.futures.wait(self.running, return_when=concurrent.futures.FIRST_COMPLETED)
-        results = []
-        for future in finished:
-            device, job = self.running.pop(future)
+        ended = [self.finished.get()]
+        while not self.finished.empty():
+            ended.append(self.finished.get())
+        results, error = [], None
+        for key, result, e in ended:
+            device, job = self.running.pop(key)
             self.free.append(device)
-            results.append((job, future.result()))
+            results.append((job, result))
+            error = error or e
+        if error is not None:
+            raise error
         return results
 
     def waited(self, seconds):
@@ -133,11 +165,17 @@ class Pool:
         return Throughput(3600 * (experiments - self.before) / wall, busy, self.wait_s, wall)
 
     def close(self):
-        """Stop: every run in flight is killed (the runner kills its process group), the threads are joined."""
+        """Stop: every run in flight is killed (the runner kills its process group at its next tick), the threads
+        are joined. A second Ctrl-C or SIGTERM meanwhile is ignored (this is the cleanup of the first)."""
         self.cancel.set()
-        for future in list(self.running):
-            try:
-                future.result()
-            except BaseException:
-                pass
-        self.executor.shutdown(wait=True)
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            while self.running:
+                key, _, _ = self.finished.get()
+                device, _ = self.running.pop(key)
+                self.free.append(device)
+            self.executor.shutdown(wait=True)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)

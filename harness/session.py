@@ -402,13 +402,15 @@ def advance_branch(s, commit):
 
 @locked
 def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_of=None, runs=(), noise_sd=None,
-           base=None, cost=None, **fields):
+           base=None, cost=None, wall=None, **fields):
     """Log the "experiment" event (tokens, $ and LLM seconds since spent0; fix_of: the experiment whose crashed
     candidate `try --fix` amended), then append the results.tsv row derived from it, then print one line. runs: the
     metrics of every measured run of this commit (baseline runs, confirmations) when more than one: the event's
     metric is their mean and the description says how many; noise_sd: the baseline's spread. base: (commit, metric)
     of the best the candidate was built on and measured against (default: the best now); cost: (tokens in, tokens
     out, USD, LLM seconds) of its proposal and fixes, instead of the spend since spent0 (several in flight at once);
+    wall: its seconds from the start on its device to its verdict, instead of since t0 (the wait for the verdicts
+    of the experiments before it is not its own);
     fields: more of the event (the proposal wave, a re-run's superseded experiment)."""
     idea = redact(description)
     if len(runs) > 1:
@@ -420,7 +422,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     tokens_in, tokens_out, cost, llm = cost or (now - before for now, before in zip(s.spent(), spent0))
     event = s.log("experiment", n=n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=outcome.metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
-                  wall_seconds=round(time.monotonic() - t0, 3), train_seconds=round(outcome.seconds, 3),
+                  wall_seconds=round(time.monotonic() - t0 if wall is None else wall, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
                   budget_s=s.budget, smoke=s.smoke, base=(base or (s.best_commit,))[0],

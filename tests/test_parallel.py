@@ -23,7 +23,7 @@ from agent_target import STRICT, edit, make_target
 from llm_server import ScriptedLLM
 from test_agent import AGENT, events, live_members, rows, tree_is_clean
 
-from harness import sandbox
+from harness import pool, sandbox
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -273,9 +273,16 @@ def test_bad_devices_and_ray_flags_are_refused(target, capsys):
     for flags, message in ((["--devices", "cpu:0"], "between cpu:1 and cpu:"),
                            (["--devices", "0,0"], "distinct CUDA device indices"),
                            (["--devices", "gpu"], "distinct CUDA device indices"),
-                           (["--devices", "0", "--ray", "auto"], "pick one")):
+                           (["--devices", "0", "--ray", "auto"], "pick one"),
+                           *[(["--devices", "0,1"], "this machine has no NVIDIA GPU")] * (pool.nvidia_gpus() == 0)):
         with pytest.raises(SystemExit) as e:
             agent.parse_args(["--tag", "t", "--proposer", "random", *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err
-    assert [d.env for d in agent.parse_args(["--tag", "t", "--proposer", "random", "--devices", "1,3"]).device_list] \
-        == [{"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "3"}]
+    pytest.importorskip("ray")
+    started = time.monotonic()                 # a dead address fails fast (Ray itself retries it for minutes)
+    assert agent.main(["--tag", "t", "--target", str(target), "--proposer", "random", "--ray", "127.0.0.1:1"]) == 2
+    assert "--ray 127.0.0.1:1: nothing answers there" in capsys.readouterr().err and time.monotonic() - started < 30
+    assert [(d.name, d.env) for d in pool.parse_devices("1,cuda:3", 8, gpus=4)] == [
+        ("cuda:1", {"CUDA_VISIBLE_DEVICES": "1"}), ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3"})]
+    assert [(d.name, d.threads, d.env) for d in pool.parse_devices("cpu:2", 2)] == [
+        ("cpu:0", 1, {"CUDA_VISIBLE_DEVICES": ""}), ("cpu:1", 1, {"CUDA_VISIBLE_DEVICES": ""})]
