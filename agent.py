@@ -138,8 +138,7 @@ def start(s, idea):
     if idea.base != s.best_commit:
         try:
             description, source = apply_answer(idea.answer, best_source(s), FROZEN)
-            if duplicate_of(s, source) is not None or any(i.source == source for i in in_flight(s)):
-                raise EditError("on the new best it gives a train.py already measured or in flight")
+            check_new(s, source)
         except EditError as e:
             s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e))
             console.say(f"      dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
@@ -150,8 +149,7 @@ def start(s, idea):
     n = s.assigned
     s.assigned += 1
     commit = commit_candidate(s, n, idea.source, idea.description)
-    best = next(e for e in reversed(s.history) if e["status"] == "keep")
-    job = Job(n, idea, commit, s.best_commit, s.best_metric, best.get("tokens_per_sec"), cost=idea.cost)
+    job = Job(n, idea, commit, s.best_commit, s.best_metric, best_event(s).get("tokens_per_sec"), cost=idea.cost)
     device = s.pool.submit(functools.partial(measure, s), job)
     s.log("started", n=n, device=device.name, base=s.best_commit, wave=idea.wave)
 
@@ -257,8 +255,7 @@ def judge(s, n, attempt, first, base=None, device=None):
     it reads only settings and base."""
     if first.metric is None:
         return "crash", []
-    best_metric, best_tps = base or (s.best_metric, next(e.get("tokens_per_sec") for e in reversed(s.history)
-                                                          if e["status"] == "keep"))
+    best_metric, best_tps = base or (s.best_metric, best_event(s).get("tokens_per_sec"))
     tps = tokens_per_sec(first)
     if s.args.confirm and tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:   # a busy device? again
         s.log("rerun", n=n, reason=f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than "
@@ -359,14 +356,7 @@ def ask_for_edit(s, n, messages, train_src, k=1):
         for answer in split_ideas(reply.text)[:k]:
             try:
                 description, source = apply_answer(answer, train_src, FROZEN)
-                if (earlier := duplicate_of(s, source)) is not None:
-                    raise EditError(f"the resulting train.py is byte-identical to experiment "
-                                    f"{describe(earlier, s.metric)}, already measured: propose a different idea")
-                if any(i.source == source for i in ideas):
-                    raise EditError("this idea gives the same train.py as another one of this answer")
-                if any(i.source == source for i in in_flight(s)):
-                    raise EditError("the resulting train.py is the same as a candidate still running or about to "
-                                    "run: propose a different idea")
+                check_new(s, source, ideas)
                 ideas.append(Idea(description, source, answer, s.best_commit, attempt, (), s.wave))
             except EditError as e:
                 errors.append(str(e))
@@ -381,6 +371,22 @@ def ask_for_edit(s, n, messages, train_src, k=1):
         messages = messages + [{"role": "assistant", "content": reply.text},
                                {"role": "user", "content": REPAIR_PROMPT.format(error=error)}]
     return []
+
+
+def check_new(s, source, also=()):
+    """Raise EditError (the message for the LLM) when this train.py was already measured, is a candidate still
+    running or about to run, or is another idea of the same answer (also)."""
+    if (earlier := duplicate_of(s, source)) is not None:
+        raise EditError(f"the resulting train.py is byte-identical to experiment {describe(earlier, s.metric)}, "
+                        "already measured: propose a different idea")
+    if any(i.source == source for i in [*in_flight(s), *also]):
+        raise EditError("the resulting train.py is the same as a candidate still running or about to run: propose a "
+                        "different idea")
+
+
+def best_event(s):
+    """The "experiment" event of the best commit (the last keep)."""
+    return next(e for e in reversed(s.history) if e["status"] == "keep")
 
 
 def in_flight(s):
@@ -522,7 +528,7 @@ def sync_checkout(s):
 def verdict(s, event, outcome, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash). Returns 0."""
-    best = next(e for e in reversed(s.history) if e["status"] == "keep")
+    best = best_event(s)
     near = (event["status"] == "discard" and event["n"] > 0
             and abs(event["metric"] - event["base_metric"]) <= margin(s) and margin(s) > 0)
     lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the noise margin; worth "
