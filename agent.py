@@ -781,7 +781,7 @@ def research_main(s, proposer, constants):
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
     if s.evaluation is not None and len(s.history) > 1:      # the gain on data the search never saw
         try:
-            console.say(holdout_summary(s.home, s.history, s.metric, s.goal))
+            console.say(holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"]))
         except SetupError as e:
             console.say(f"holdout: not measured ({str(e).splitlines()[-1]})")
     return 0

@@ -997,7 +997,11 @@ def frozen_inputs(prepared=None):
     constants), "tokenizer.pkl", "token_bytes", "val/<file name>", "holdout/<file name>" (when there is one).
     Returns {"digest": sha256 hex of the sorted "role:sha256" lines, "files": {role: sha256 hex},
     "evaluator_only": [absolute paths that the training process must not read: the val and holdout splits, and
-    the --source files they were cut from]}. Raises PrepareError if one of the files is missing.
+    the --source files they were cut from], "train_reads": [absolute paths train.py reads: prepared.json, the
+    tokenizer folder, the data folder (the sandbox hides evaluator_only inside it)], "eval_reads": [absolute paths
+    `--evaluate` reads besides this file and the artifact: prepared.json, the tokenizer folder, the val and holdout
+    splits]}. The harness shows a sandboxed run exactly those paths. Raises PrepareError if one of the files is
+    missing.
     """
     prepared = prepared or load_prepared()
     val_path = (prepared.data_dir / prepared.val_name).resolve()
@@ -1014,7 +1018,10 @@ def frozen_inputs(prepared=None):
     digest = hashlib.sha256("".join(f"{role}:{h}\n" for role, h in sorted(files.items())).encode()).hexdigest()
     # a --source corpus holds the val documents too (convert_source re-cuts them exactly): out of reach as well
     source = [str(Path(prepared.source).resolve())] if prepared.dataset == "local" and Path(prepared.source).exists() else []
-    return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *map(str, holdout), *source]}
+    train = [_meta_path(prepared.root), prepared.tokenizer_dir, prepared.data_dir]
+    evaluated = [_meta_path(prepared.root), prepared.tokenizer_dir, val_path, *holdout]
+    return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *map(str, holdout), *source],
+            "train_reads": [str(p.resolve()) for p in train], "eval_reads": [str(p.resolve()) for p in evaluated]}
 
 # ---------------------------------------------------------------------------
 # Main

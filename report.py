@@ -30,7 +30,7 @@ from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, e
                             load_results, read_events, rows_by_tag, select_tag)
 from harness.errors import SetupError
 from harness.gitops import harness_dir
-from harness.session import holdout_summary
+from harness.session import holdout_summary, pinned_env
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -396,7 +396,8 @@ def holdout_of(run):
         raise ValueError("needs the run's events.jsonl (its tag names the saved artifacts)")
     repo = git.Repo(run.path.parent, search_parent_directories=True)
     history = experiment_events(run.events, run.tag)
-    return holdout_summary(harness_dir(repo, run.tag), history, run.metric_name, run.goal)
+    return holdout_summary(harness_dir(repo, run.tag), history, run.metric_name, run.goal,
+                           pinned_env(run.events, run.tag))
 
 
 def is_smoke(row):

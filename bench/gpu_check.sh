@@ -9,7 +9,8 @@
 # Steps: the attention probe (Flash Attention 3 from the kernels hub, or why SDPA), a 60 s training with the
 # summary (torch.compile, bf16, MFU from the datasheet peak) that saves the evaluation artifact (torch.export, with
 # FA3 swapped for SDPA), the separate-process evaluation of that artifact and its gap to train.py's own number
-# (against prepare.py's METRIC_TOLERANCE), a 2-candidate agent.py run with the random proposer (hermetic runs, the
+# (against prepare.py's METRIC_TOLERANCE), the sandbox's confinement on the GPU (one device node, uid nobody, no
+# capabilities), a 2-candidate agent.py run with the random proposer (hermetic runs, the
 # sandbox when bubblewrap works, separate evaluation), and with 2+ GPUs `--devices 0,1` when agent.py has it.
 #
 # Profile: cpu. The shared corpora (~4 MB of text) hold ~120k validation tokens, fewer than the small (1M) or
@@ -84,6 +85,28 @@ else
     row evaluate FAIL "exit $rc, see $LOGS/evaluate.log: $(tail -1 "$LOGS/evaluate.log")"
 fi
 
+# 4b. the sandbox on a GPU as root (issue 18): capabilities dropped, uid nobody, one GPU's device node, CUDA works there
+( cd "$ROOT" && timeout 120 "${PY[@]}" - >"$LOGS/confine.log" 2>&1 <<'EOF'
+import json, os, subprocess, sys
+sys.path.insert(0, ".")
+from harness import sandbox
+from harness.runner import interpreter
+code = ("import glob, json, os, torch; s = open('/proc/self/status').read(); "
+        "x = torch.randn(4096, 4096, device='cuda'); y = (x @ x).sum().item(); "
+        "print(json.dumps({'nodes': sorted(glob.glob('/dev/nvidia[0-9]*')), 'gpus': torch.cuda.device_count(), "
+        "'uid': os.getuid(), 'capeff': [l for l in s.splitlines() if l.startswith('CapEff')][0].split()[1]}))")
+print("probe:", sandbox.probe(), "missing:", sandbox.missing())
+out = subprocess.run(sandbox.wrap([interpreter(), "-c", code], run_dir=None, gpu="0"), capture_output=True, text=True,
+                     env={**os.environ, **sandbox.scratch_env()})
+print(out.stdout, out.stderr[-2000:])
+found = json.loads(out.stdout.strip().splitlines()[-1])
+ok = found["gpus"] == 1 and len(found["nodes"]) == 1 and found["uid"] == 65534 and int(found["capeff"], 16) == 0
+print("RESULT", "ok" if ok else "FAIL", found)
+EOF
+)
+if grep -q "^RESULT ok" "$LOGS/confine.log"; then row confine ok "$(grep '^RESULT' "$LOGS/confine.log" | cut -d' ' -f3-)"
+else row confine FAIL "see $LOGS/confine.log: $(tail -1 "$LOGS/confine.log")"; fi
+
 # 5. agent.py: baseline + 2 random candidates, everything the harness does, on a throwaway repository
 REPO="$WORK/repo"; mkdir -p "$REPO"
 cp "$ROOT/train.py" "$ROOT/prepare.py" "$ROOT/program.md" "$ROOT/.gitignore" "$REPO/"
@@ -106,7 +129,7 @@ import json, sys
 for e in map(json.loads, open(sys.argv[1])):
     if e.get("event") == "experiment":
         ok = "ok" if e.get("status") in ("keep", "discard") else "FAIL"
-        print(f"exp{e.get('n')} {ok} {e.get('status')} {e.get('metric')} wall {e.get('wall_seconds', 0):.0f} s: {str(e.get('description'))[:60]} {e.get('reason') or ''}")
+        print(f"exp{e.get('n')} {ok} {e.get('status')} {e.get('metric')} wall {e.get('wall_seconds', 0):.0f} s, memory {e.get('memory_gb')} GB ({e.get('memory_source')}; train.py said {e.get('reported_memory_gb')}): {str(e.get('description'))[:60]} {e.get('reason') or ''}")
 EOF
 
 # 6. several devices (issue 11): only with 2+ GPUs and an agent.py that has --devices

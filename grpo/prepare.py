@@ -9,10 +9,11 @@ Usage (cwd = grpo/):
     uv run prepare.py                     # download GSM8K (parquet) from Hugging Face into the cache
     uv run prepare.py --source DIR        # or copy DIR/train.jsonl and DIR/test.jsonl (GSM8K format)
     uv run prepare.py --source DIR --force    # replace data prepared from another source
-    uv run prepare.py --check             # exit 0 if the prepared data is usable
+    uv run prepare.py --check             # exit 0 if the prepared data is usable and the base model resolves
     uv run prepare.py --preflight         # exit 0 if the base model gives a usable training signal
     uv run prepare.py --evaluate DIR      # score DIR/model.safetensors (saved by train.py) in this fresh process
-    uv run prepare.py --frozen-inputs     # JSON: digest of this file and the test split, evaluator-only paths
+    uv run prepare.py --frozen-inputs     # JSON: digest of this file, the test split and the base model's config and
+                                          # tokenizer; what training and the evaluator may read (see frozen_inputs)
 
 Scoring happens in two places that share one code path (evaluate + print_summary). Standalone, train.py
 ends with evaluate_and_report(), which scores the policy in its own process. Under the harness, train.py
@@ -23,7 +24,9 @@ from the base model, so nothing train.py patches at run time can change the numb
 
 Environment:
     AUTORESEARCH_CACHE        cache root (default ~/.cache/autoresearch); data lives in its grpo/ subfolder
-    AUTORESEARCH_GRPO_MODEL   base model: a local directory or a hub id (default BASE_MODEL)
+    AUTORESEARCH_GRPO_MODEL   base model (default BASE_MODEL): an absolute path (or ~/...) to a local model directory, or
+                              a hub id resolved through huggingface_hub and its cache (HF_HOME; HF_HUB_OFFLINE=1: the
+                              cache only). A relative name is never read as a local folder (resolve_model)
     AUTORESEARCH_TIME_BUDGET  seconds of training, overrides TIME_BUDGET for smoke tests
     AUTORESEARCH_ARTIFACT     folder where evaluate_and_report() saves the policy's weights for --evaluate
     HF_ENDPOINT               Hugging Face mirror (default https://huggingface.co)
@@ -99,8 +102,88 @@ def cache_dir() -> Path:
 
 
 def model_name() -> str:
-    """The base model: $AUTORESEARCH_GRPO_MODEL (local directory or hub id) or BASE_MODEL."""
+    """The base model as configured: $AUTORESEARCH_GRPO_MODEL (absolute local directory or hub id) or BASE_MODEL.
+
+    Only a name: resolve_model() turns it into the folder that is loaded and hashed."""
     return os.environ.get("AUTORESEARCH_GRPO_MODEL") or BASE_MODEL
+
+
+# Files of the model folder left out of the frozen inputs' digest: the evaluator overwrites every weight with the
+# artifact's (load_artifact is strict), and hashing a gigabyte on every summary would be slow. Everything else in
+# the folder (config, generation config, tokenizer files, chat template) defines how the evaluator decodes.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
+
+
+def resolve_model() -> Path:
+    """The base model's folder, absolute: what load_model() loads and frozen_inputs() hashes.
+
+    model_name() is either an absolute path (or one starting with ~, expanded) to a local model directory, or a
+    hub id such as BASE_MODEL, resolved only through huggingface_hub.snapshot_download: the hub, or its local
+    cache (HF_HOME, default ~/.cache/huggingface; with HF_HUB_OFFLINE=1 the cache only), giving the absolute
+    snapshot folder .../models--Org--Name/snapshots/<revision>. A relative name is NEVER read as a local folder,
+    whatever exists in the working directory: a training run could plant its own config, tokenizer and chat
+    template under the hub id's name. Raises SystemExit naming the fix for a relative path ("./x", "../x"), a
+    missing directory, or a hub id that cannot be resolved.
+    """
+    name = model_name()
+    path = Path(name).expanduser() if name.startswith("~") else Path(name)
+    if path.is_absolute():
+        if not path.exists():
+            raise SystemExit(f"model directory {name} does not exist: fix AUTORESEARCH_GRPO_MODEL (the absolute path "
+                             f"of a directory written by save_pretrained, or a hub id such as {BASE_MODEL})")
+        if not path.is_dir():
+            raise SystemExit(f"model path {name} is not a directory: fix AUTORESEARCH_GRPO_MODEL (the absolute path "
+                             f"of a directory written by save_pretrained, or a hub id such as {BASE_MODEL})")
+        return path.resolve()
+    parts = name.split("/")
+    if name.startswith(".") or "\\" in name or len(parts) > 2 or any(part in ("", ".", "..") for part in parts):
+        raise SystemExit(f"AUTORESEARCH_GRPO_MODEL={name!r} is a relative path; a relative name is never read as a "
+                         "local folder (it is a hub id or nothing): give the model directory as an absolute path "
+                         f"(e.g. AUTORESEARCH_GRPO_MODEL={Path(name).absolute()}), or a hub id such as {BASE_MODEL}")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise SystemExit("huggingface_hub is not installed: run `uv sync --extra rl`") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id=name)).resolve()
+    except Exception as e:  # offline without a cached snapshot, an unknown or invalid repo id, a network error
+        raise SystemExit(f"could not resolve model {name!r} through the Hugging Face hub or its cache "
+                         f"({type(e).__name__}: {e}). A relative name is a hub id, never a local folder. Offline? "
+                         "Download it once where the hub is reachable (it is cached under $HF_HOME, default "
+                         "~/.cache/huggingface; HF_HUB_OFFLINE=1 then uses only the cache), or set "
+                         "AUTORESEARCH_GRPO_MODEL to the absolute path of a local directory with the model and "
+                         "tokenizer") from None
+
+
+def model_files(model_dir: Path) -> dict[str, Path]:
+    """{"model/<path relative to model_dir>": file} for every file under model_dir except weights (WEIGHT_SUFFIXES)
+    and hidden entries (a path part starting with ".": .git, .gitattributes, the download metadata that
+    huggingface_hub keeps in .cache/; none is read to load a model). Symlinks count as the files they point to."""
+    files = {}
+    for path in sorted(model_dir.rglob("*")):
+        relative = path.relative_to(model_dir)
+        if any(part.startswith(".") for part in relative.parts) or path.name.lower().endswith(WEIGHT_SUFFIXES):
+            continue
+        if path.is_file():
+            files[f"model/{relative.as_posix()}"] = path
+    return files
+
+
+def model_root(model_dir: Path) -> Path:
+    """The folder a process must be able to read to load model_dir: for a Hugging Face cache snapshot
+    .../models--Org--Name/snapshots/<revision>, .../models--Org--Name (the snapshot's files are symlinks into
+    ../../blobs); for any other directory, the directory itself."""
+    if model_dir.parent.name == "snapshots" and model_dir.parent.parent.name.startswith("models--"):
+        return model_dir.parent.parent
+    return model_dir
+
+
+def model_reads(model_dir: Path) -> list[str]:
+    """Absolute paths that loading model_dir reads: model_root(model_dir), then the targets of any of its files
+    that are symlinks to somewhere outside that root (a local directory linking into a download cache)."""
+    root = model_root(model_dir)
+    outside = {path.resolve() for path in model_dir.rglob("*") if path.is_file()}
+    return [str(root)] + sorted(str(p) for p in outside if not p.is_relative_to(root))
 
 
 def time_budget() -> tuple[float, bool]:
@@ -429,22 +512,59 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def frozen_inputs() -> dict:
-    """The files that define pass@1, hashed by role (not by path, so any copy of them gives the same digest).
+def source_folder() -> Path | None:
+    """The local folder the cached splits were copied from (`--source DIR`, recorded in source.json), resolved, if
+    it still exists; None for a download, a missing or unreadable record, or a folder that is gone. It holds the
+    test split too, so it is as evaluator-only as the cached copy."""
+    try:
+        source = json.loads((cache_dir() / "source.json").read_text())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(source, str) or not Path(source).is_absolute() or not Path(source).exists():
+        return None  # GSM8K_REPO, the download's record, is a relative hub path: never a local folder
+    return Path(source).resolve()
 
-    Returns {"digest": sha256 hex of the sorted "role:sha256" lines joined by newlines,
-             "files": {"prepare.py": sha256 of this file's bytes, "test.jsonl": sha256 of the cached test split},
-             "evaluator_only": [absolute path of the test split: the training process must not read it]}.
-    Raises SystemExit naming the prepare command if the test split is missing.
+
+def frozen_inputs() -> dict:
+    """The files that define pass@1, hashed by role (not by path, so any copy of them gives the same digest), and
+    what each process of a run may read. `prepare.py --frozen-inputs` prints it as one JSON object:
+
+      "digest":         sha256 hex of the sorted "role:sha256" lines of `files`, joined by newlines.
+      "files":          {role: sha256 hex of the file's bytes}: "prepare.py" (this file), "test.jsonl" (the cached
+                        test split) and "model/<name>" for every file of the base model's folder (resolve_model)
+                        except weights and hidden entries (model_files): config.json, generation_config.json,
+                        tokenizer files, chat template. A changed chat template or config changes the digest;
+                        the weights do not count (the evaluator overwrites all of them with the artifact's).
+      "evaluator_only": [absolute paths the training process must not read]: the test split and, when the data
+                        came from `--source DIR` and DIR still exists, DIR (resolved; it holds the test split too).
+      "train_reads":    [absolute paths train.py needs to read, besides its run folder and the Python environment]:
+                        the cached train split, then the base model's root folder (model_reads: a Hugging Face
+                        snapshot's .../models--Org--Name, whose blobs its files link to; a local folder itself;
+                        then any target of a symlink out of it). source.json is not needed.
+      "eval_reads":     [absolute paths `prepare.py --evaluate DIR` (also with --split holdout) needs to read,
+                        besides its own copy of prepare.py and DIR]: the test split, then the same model paths.
+      "env":            {"AUTORESEARCH_GRPO_MODEL": absolute path of the resolved model folder}: to be set for every
+                        later training and evaluation run, so that the base model is resolved once (at tag start)
+                        and never again through a name.
+
+    Raises SystemExit naming the prepare command if the test split is missing, and resolve_model()'s SystemExit
+    if the base model cannot be resolved.
     """
     test = cache_dir() / "test.jsonl"
     if not test.is_file():
         raise SystemExit(f"GSM8K test split missing at {test}: run `uv run prepare.py` in grpo/ "
                          "(offline: `uv run prepare.py --source DIR`) with the same AUTORESEARCH_CACHE")
+    model = resolve_model()
     files = {"prepare.py": _sha256(Path(__file__)), "test.jsonl": _sha256(test)}
+    files.update({role: _sha256(path) for role, path in model_files(model).items()})
     lines = "\n".join(f"{role}:{sha}" for role, sha in sorted(files.items()))
+    source = source_folder()
+    reads = model_reads(model)
     return {"digest": hashlib.sha256(lines.encode()).hexdigest(), "files": files,
-            "evaluator_only": [str(test.resolve())]}
+            "evaluator_only": [str(test.resolve())] + ([str(source)] if source else []),
+            "train_reads": [str((cache_dir() / "train.jsonl").resolve())] + reads,
+            "eval_reads": [str(test.resolve())] + reads,
+            "env": {"AUTORESEARCH_GRPO_MODEL": str(model)}}
 
 
 # ---------------------------------------------------------------------------
@@ -457,7 +577,7 @@ def get_device() -> torch.device:
 
 
 def load_model(device: torch.device, dtype: torch.dtype | None = None):
-    """Load model_name() as (model, tokenizer) on `device`, in eval mode.
+    """Load the base model, resolve_model()'s folder, as (model, tokenizer) on `device`, in eval mode.
 
     dtype defaults to bfloat16 on cuda and float32 on cpu. The tokenizer pads on the left (decoder-only
     batched generation) and must have a chat template. The model's own sampling defaults (a hub
@@ -467,21 +587,17 @@ def load_model(device: torch.device, dtype: torch.dtype | None = None):
     if transformers is None:
         raise SystemExit("transformers is not installed: run `uv sync --extra rl`")
     name = model_name()
-    local = Path(name).expanduser()
-    if not local.exists() and name.startswith(("/", "./", "../", "~")):
-        raise SystemExit(f"model directory {name} does not exist: fix AUTORESEARCH_GRPO_MODEL "
-                         f"(a directory written by save_pretrained, or a hub id such as {BASE_MODEL})")
-    source = str(local) if local.exists() else name
+    source = str(resolve_model())  # a local folder, absolute: never a relative one, never a hub download from here on
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     transformers.utils.logging.disable_progress_bar()  # keep run.log readable
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"could not load model {name!r}: {e}\nOffline? Download it once where the hub is "
-                         "reachable (it is cached under ~/.cache/huggingface; HF_HUB_OFFLINE=1 then skips the network "
-                         "retries) or point AUTORESEARCH_GRPO_MODEL at a local directory with the model and tokenizer."
+        raise SystemExit(f"could not load model {name!r} from {source}: {e}\nThe folder needs the model and its "
+                         "tokenizer (save_pretrained of both): point AUTORESEARCH_GRPO_MODEL at the absolute path of "
+                         "such a directory, or at a hub id whose snapshot is complete in the Hugging Face cache."
                          ) from None
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(f"the tokenizer of {name!r} has no chat template; prompts are built with it, so use an "
@@ -868,6 +984,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         message = check()
+        if not message:
+            try:
+                resolve_model()
+            except SystemExit as e:
+                message = str(e)
         if message:
             print(message, file=sys.stderr)
             return 1

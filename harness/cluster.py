@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import runner, sandbox
+from harness import gitops, runner, sandbox
 from harness.errors import SetupError
 from harness.pool import Device
 from harness.target import FROZEN
@@ -95,10 +95,9 @@ class RayBackend:
                        budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
                        evaluation=s.evaluation and {k: s.evaluation[k] for k in ("digest", "tolerance", "artifact")},
                        sandbox=s.args.sandbox, source=s.args.source, profile=s.profile,
-                       # what the driver hides (its repository and git dir: the best's artifact, every log, the
-                       # ledger; the evaluation data): hidden on the node too wherever it exists (the driver's own
-                       # machine can be a node)
-                       hide=[str(p) for p in s.hidden()], eval_hide=[str(p) for p in s.hidden(evaluator=True)])
+                       # the driver's repository and git dir (the best's artifact, every log, the ledger): hidden on
+                       # the node too should a path of its view contain them (the driver's machine can be a node)
+                       hide=[s.repo.working_tree_dir, str(gitops.git_dir(s.repo))])
         return dict(payload=payload, s=s, n=n, log=log, commit=commit)
 
     def run(self, job, device=None):
@@ -164,14 +163,14 @@ def remote_run(payload):
     try:
         write_tree(payload["files"], run_dir)
         write_tree(payload["frozen"], frozen)
-        problem, evaluator_only = node_ready(frozen, payload, node_log)   # its output leads the run's log
+        problem, inputs = node_ready(frozen, payload, node_log)   # its output leads the run's log
         if problem:
             return no_run(problem, node_log)
         ev = payload["evaluation"]
         artifact = run_dir / (ev or {}).get("artifact", "artifact")
         env = dict(payload["env"])
         sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
-        wrap, eval_wrap = node_wraps(sandboxed, run_dir, frozen, evaluator_only, payload)
+        wrap, eval_wrap = node_wraps(sandboxed, run_dir, frozen, artifact, inputs, payload)
         if sandboxed:
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
@@ -206,26 +205,22 @@ def no_run(reason, log):
             "node": socket.gethostname(), "artifact_sha256": None, "artifact": None}
 
 
-def node_wraps(sandboxed, run_dir, frozen, evaluator_only, payload):
-    """(train.py's argv wrapper, the evaluator's) on this node: bubblewrap with /run, the credential stores, what the
-    driver hides (payload "hide" / "eval_hide", where it exists here) and, for train.py, this node's evaluator-only
-    data hidden; the Python environment and AUTORESEARCH_* paths readable; the evaluator reads its pristine copy.
-    Identity without the sandbox."""
+def node_wraps(sandboxed, run_dir, frozen, artifact, inputs, payload):
+    """(train.py's argv wrapper, the evaluator's) on this node: the sandbox's views (harness.sandbox.train_argv,
+    eval_argv) from this node's frozen inputs, with the driver's repository hidden as well and the run's GPU
+    (CUDA_VISIBLE_DEVICES, which Ray sets for the task). Identity without the sandbox."""
     if not sandboxed:
         return (lambda argv: argv), (lambda argv: argv)
-    hide = [Path("/run"), *sandbox.credential_paths()]
-    train_hide = hide + evaluator_only + [Path(p) for p in payload["hide"] if Path(p).exists()]
-    eval_hide = hide + [Path(p) for p in payload["eval_hide"] if Path(p).exists()]
-    expose = [Path(sys.prefix)] + [Path(v) for k, v in os.environ.items()
-                                   if k.startswith("AUTORESEARCH_") and os.path.isabs(v) and Path(v).exists()]
-    return (lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=train_hide, expose=expose),
-            lambda argv: sandbox.wrap(argv, run_dir=run_dir, hide=eval_hide, expose=expose + [frozen]))
+    gpu = sandbox.run_gpu(payload["env"])
+    return (lambda argv: sandbox.train_argv(argv, run_dir, inputs, gpu, hide=payload["hide"]),
+            lambda argv: sandbox.eval_argv(argv, frozen, artifact, inputs, gpu))
 
 
 def node_ready(frozen, payload, log):
     """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
     default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
-    evaluator-only paths to hide from train.py). Their output goes to log."""
+    node's frozen inputs: what the sandbox shows each process, None without a separate evaluation). Their output goes
+    to log."""
     python = runner.interpreter()
     if os.environ.get("AUTORESEARCH_CACHE") and not Path(os.environ["AUTORESEARCH_CACHE"]).is_dir():
         del os.environ["AUTORESEARCH_CACHE"]      # the driver's path is not on this node: its own default cache
@@ -236,15 +231,16 @@ def node_ready(frozen, payload, log):
                 ["--profile", payload["profile"]] if payload["profile"] else [])   # the tag's, not the node's guess
             if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
                 return (f"node: no prepared data on node {socket.gethostname()} and prepare.py failed there (see the "
-                        "log): prepare it on every node (README, Ray), or give --source PATH valid on the nodes"), []
+                        "log): prepare it on every node (README, Ray), or give --source PATH valid on the nodes"), None
         if payload["evaluation"] is None:
-            return "", []
-        found = subprocess.run([python, "prepare.py", "--frozen-inputs"], cwd=frozen, capture_output=True, text=True)
+            return "", None
+        found = subprocess.run([python, "prepare.py", "--frozen-inputs"], cwd=frozen, capture_output=True, text=True,
+                               env={**os.environ, **payload["env"]})      # the tag's pinned variables among them
     try:
         inputs = json.loads(found.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return f"node: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", []
+        return f"node: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", None
     if inputs["digest"] != payload["evaluation"]["digest"]:
         return (f"rejected: the frozen inputs on node {socket.gethostname()} (digest {inputs['digest'][:12]}) differ "
-                f"from the tag's ({payload['evaluation']['digest'][:12]}): other data or tokenizer there"), []
-    return "", [Path(p) for p in inputs["evaluator_only"]]
+                f"from the tag's ({payload['evaluation']['digest'][:12]}): other data or tokenizer there"), None
+    return "", inputs

@@ -1,9 +1,10 @@
 """
 HARNESS: the runner. "Run this commit's train.py, give me an Outcome": starts [python, train.py] in a directory
 holding the commit's files, in its own process group with a hard timeout, stdout+stderr to a log file, kills the
-whole group on timeout, on Ctrl-C and after the run (stray children), checks that the frozen files are unchanged,
-and parses the summary block. It knows nothing of git or the ledger: callers pass callbacks for what happens around
-a run (logging the process group, the status line, restoring a frozen file). Other backends (a hermetic run dir,
+whole group on timeout, on Ctrl-C and after the run (stray children), measures the run's memory itself (usage.py),
+checks that the frozen files are unchanged, and parses the summary block. It knows nothing of git or the ledger:
+callers pass callbacks for what happens around a run (logging the process group, the status line, restoring a frozen
+file). Other backends (a hermetic run dir,
 a sandbox, a pool of devices, a cluster) implement the same run(spec) -> Outcome.
 """
 
@@ -12,6 +13,7 @@ import hashlib
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from harness import usage
 from harness.redact import clean_env, redact
 
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
@@ -64,7 +67,7 @@ class Outcome:
     """One training run of a candidate commit. metric is None when the run failed (reason says why)."""
     commit: str
     metric: float | None
-    memory_gb: float
+    memory_gb: float                        # measured by the harness (usage.Peak) for a run with a metric, else 0.0
     seconds: float
     reason: str = ""
     log_tail: str = ""
@@ -74,6 +77,8 @@ class Outcome:
     own_metric: float | None = None         # what train.py printed itself (None: nothing, or not a number)
     summary: dict = dataclasses.field(default_factory=dict)   # train.py's summary block, {key: text}
     eval_seconds: float = 0.0
+    reported_memory_gb: float = 0.0         # what the summary says (peak_vram_mb or peak_rss_mb): information only
+    memory_source: str = ""                 # what memory_gb measured: "gpu" (NVML per process), "rss" (the tree's)
 
 
 def run(spec):
@@ -82,12 +87,14 @@ def run(spec):
     the run. Rejections (reason "rejected: ...") are runs whose result is not believed; crashes are runs with no
     result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
+    peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
-                                         spec.timeout, spec.on_start, spec.on_tick)
+                                         spec.timeout, spec.on_start, spec.on_tick, peak=peak)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
-    own, memory_gb, own_problem = read_metric(summary, spec.metric)
-    outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary)
+    own, reported_gb, own_problem = read_metric(summary, spec.metric)
+    outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
+                      reported_memory_gb=reported_gb)
     if tampered:
         outcome.reason = f"rejected: train.py modified {', '.join(tampered)}"
     elif timed_out:
@@ -104,8 +111,8 @@ def run(spec):
         outcome.metric, outcome.reason = own, own_problem
     else:
         evaluate(spec, outcome)
-    if outcome.metric is not None:
-        outcome.memory_gb = memory_gb
+    if outcome.metric is not None:          # karpathy's rows: a run without a result records 0.0
+        outcome.memory_gb, outcome.memory_source = peak.memory_gb(), peak.source
     # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
     outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
@@ -116,9 +123,13 @@ def evaluate(spec, outcome):
     appended to the run's log. Sets outcome.metric, or outcome.reason when the artifact is missing or unloadable,
     the frozen inputs changed, or train.py's own number disagrees with the evaluator's beyond the tolerance."""
     ev = spec.evaluation
-    if not ev.artifact.exists():
+    if not os.path.lexists(ev.artifact):
         outcome.reason = ("crash: no model artifact: train.py must hand its model to the frozen evaluation "
                           "(evaluate_bpb / evaluate in prepare.py), which saves it for the separate evaluator")
+        return
+    problem = artifact_problem(ev.artifact)
+    if problem:
+        outcome.reason = f"rejected: {problem}"
         return
     if ev.own_required and outcome.own_metric is None:
         outcome.reason = (f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
@@ -155,6 +166,35 @@ def evaluate(spec, outcome):
         outcome.metric = metric
 
 
+def artifact_problem(path):
+    """None when the model artifact at path is only regular files (a file, or a folder of files and folders), each
+    with no other name; else what is wrong, naming the artifact by its file name. The evaluator reads the artifact
+    and nothing else the candidate controls: a symbolic link (to a better model beside it, or to any file the run
+    could see), a hard link (a second name of another file), a pipe, a socket or a device is never followed. Checks
+    with lstat, never following links."""
+    name = Path(path).name
+    if not os.path.lexists(path):
+        return f"no model artifact {name}"
+    entries = [Path(path)]
+    if Path(path).is_dir() and not Path(path).is_symlink():
+        for top, dirs, files in os.walk(path):          # os.walk never descends into a linked folder
+            entries += [Path(top) / e for e in dirs + files]
+    for entry in entries:
+        st = entry.lstat()
+        inside = "" if entry == Path(path) else f" ({entry.relative_to(path)} in it)"
+        if stat.S_ISLNK(st.st_mode):
+            return (f"the model artifact {name}{inside} is a symbolic link: the evaluator scores regular files only; "
+                    "let the frozen evaluation write the artifact itself")
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            return f"the model artifact {name}{inside} is not a regular file (a pipe, a socket or a device)"
+        if st.st_nlink > 1:
+            return (f"the model artifact {name}{inside} has another name (a hard link to a file elsewhere): the "
+                    "evaluator scores files the run wrote, once")
+    return None
+
+
 def run_env(spec):
     """The environment of the run's processes: ours without secrets, plus what the spec adds (budget, artifact)."""
     return {**clean_env(), **spec.env}
@@ -177,10 +217,11 @@ def _same_budget(text, budget):
         return False
 
 
-def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=False):
+def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=False, peak=None):
     """Run argv in cwd in its own process group, stdout+stderr -> log_path. On timeout and on any exception
-    (Ctrl-C) the whole group is killed; so are stray children of a run that exited. Returns (returncode or None
-    on timeout, seconds, timed_out)."""
+    (Ctrl-C) the whole group is killed; so are stray children of a run that exited. With peak (a usage.Peak), its
+    process tree is sampled about once a second and the leader's rusage added when it is reaped. Returns (returncode
+    or None on timeout, seconds, timed_out)."""
     t0 = time.monotonic()
     ours = children()                       # anything else that turns up as our child afterwards is the run's
     token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
@@ -197,8 +238,10 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                     kill_group(proc.pid, proc)
                     return None, time.monotonic() - t0, True
                 on_tick(elapsed)
+                if peak is not None:
+                    peak.sample(proc.pid, f"{RUN_TOKEN}={token}".encode())
                 try:
-                    rc = proc.wait(timeout=min(1.0, timeout - elapsed))
+                    rc = wait(proc, min(1.0, timeout - elapsed), peak)
                     break
                 except subprocess.TimeoutExpired:
                     pass
@@ -210,6 +253,29 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     kill_group(proc.pid, proc)
     kill_strays(ours, token)
     return rc, seconds, False
+
+
+def wait(proc, timeout, peak=None):
+    """proc.wait(timeout) (raises subprocess.TimeoutExpired), but with peak the leader is reaped by os.wait4 (polled
+    as Popen.wait polls) so that its rusage joins peak; proc.returncode is then set as Popen sets it."""
+    if peak is None or not hasattr(os, "wait4"):
+        return proc.wait(timeout=timeout)
+    deadline, delay = time.monotonic() + timeout, 0.0005
+    while proc.returncode is None:
+        try:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:           # reaped elsewhere: Popen knows its return code (or says 0, as it does)
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if pid == proc.pid:
+            peak.reaped(rusage)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(min(delay, left, 0.05))
+        delay *= 2
+    return proc.returncode
 
 
 def become_subreaper():
@@ -305,7 +371,8 @@ def kill_stale_run(pgid, cwd):
 
 def read_metric(summary, name):
     """(metric, memory_gb, "") from a parsed summary, or (None, memory_gb, reason) when the metric is missing, not
-    a number, NaN or infinite. memory_gb = peak_vram_mb / 1024 (GPU memory), or on a device without its own memory
+    a number, NaN or infinite. memory_gb is what train.py says it used (information only: the records hold what the
+    harness measured, usage.Peak): peak_vram_mb / 1024 (GPU memory), or on a device without its own memory
     (CPU; peak_vram_mb 0 or absent) peak_rss_mb / 1024, the process's peak resident memory; 0.0 when neither."""
     try:
         memory_gb = (float(summary.get("peak_vram_mb", 0.0)) or float(summary.get("peak_rss_mb", 0.0))) / 1024

@@ -1,38 +1,103 @@
 """
-HARNESS: the bubblewrap sandbox train.py runs in. Owns the bwrap command line (what the training process may see,
-write and reach), the probe that says whether bwrap works here, and the scratch environment for tools that write
-caches. Only builds argv and env: never starts the training run itself, never kills anything, never touches git
-or the ledger.
+HARNESS: the bubblewrap sandbox train.py and the evaluator run in. Owns what a sandboxed process may see, write and
+reach (its view: an allow-list), how root is confined inside (no capabilities, an unprivileged uid, a seccomp
+filter), the probe that says whether all that holds here, and the scratch environment for tools that write caches.
+Only builds argv and env: never starts the training run itself, never kills anything, never touches git or the
+ledger.
 
-Inside the sandbox train.py sees the whole filesystem read-only, its run directory read-write at the same path, a
-private empty /tmp (and /dev/shm), no network, and none of the hidden paths. A hidden directory becomes an empty
-read-only tmpfs; a hidden file has /dev/null bound over it on a nodev mount, so open() fails with EACCES.
+The view is built up from nothing, never "everything minus a list". A sandboxed process sees:
+- the system: /usr (and the /bin, /lib, ... beside it), a short list of /etc files (ETC), the hardware parts of
+  /sys, a minimal /dev with its own GPU's device nodes, a /proc of its own PID namespace;
+- the Python environment (the venv, its base interpreter, their site-packages) and the model repositories of the
+  Hugging Face hub cache (models--*: no datasets, no token), read-only;
+- what the target declares it reads (prepare.py --frozen-inputs: "train_reads" for train.py, "eval_reads" for the
+  evaluator), read-only, with the evaluator-only files hidden from train.py even inside those;
+- train.py: its run directory read-write; the evaluator: its pristine copy (its cwd) and the artifact, read-only;
+- a private empty /tmp, /var/tmp and /dev/shm; nothing else: no home directory, no repository, no other copy of
+  the data, no host socket, no network.
+Root is confined: every capability dropped, uid and gid nobody in a user namespace of its own with no further user
+namespaces, and a seccomp filter refusing the calls a training run never needs (SECCOMP_REFUSED). probe() checks
+that inside, as whoever runs the harness (root included), before any run counts as sandboxed.
 
-    argv = wrap([sys.executable, "train.py"], run_dir=run, hide=[repo, val_file], expose=[Path(sys.prefix)])
+    argv = wrap([python, "train.py"], run_dir=run, expose=train_reads(inputs), hide=evaluator_only)
     subprocess.Popen(argv, cwd=run, env={**os.environ, **scratch_env()}, start_new_session=True)
 """
 
+import atexit
 import functools
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from harness.runner import interpreter
+
 PROTECTIONS = (
-    "filesystem read-only except the run directory and a private /tmp and /dev/shm",
-    "hidden paths (the repository: git history, results, program.md; evaluator-only data) unreadable",
+    "an allow-list view: the system, the Python environment, the data the target declares and the run's own "
+    "directory (the evaluator: its pristine copy and the artifact); no home, no repository, no host sockets",
+    "read-only everywhere except the run directory and a private /tmp and /dev/shm",
+    "root confined: every capability dropped, uid nobody in its own user namespace, a seccomp filter (no mount, "
+    "unshare, setns, ptrace, keyctl, bpf, ...)",
     "no network: own network namespace (no TCP/UDP, no DNS, no abstract unix sockets of the host)",
     "own PID and IPC namespaces: other processes are invisible and unsignalable",
+    "only its own GPU's device node",
     "the whole process tree dies with the harness or when its process group is killed",
     "new terminal session: no TIOCSTI keystroke injection into the harness's terminal",
 )
 
-# Credential stores in the home directory, hidden from every sandboxed process: what train.py reads can come back
-# in its log tail, which goes to the LLM's fix prompt and the records. (Home itself stays readable: the Hugging Face
-# and torch caches are there.)
+# The confinement probe()'s checks, each with the words that name it when it fails. The first two are required: a
+# sandbox in which root keeps a capability or may mount is no sandbox (the run could mount the host's disk).
+CONFINEMENT = {
+    "capabilities": "every capability dropped (CapEff and the bounding set 0)",
+    "mount": "mount(2) refused",
+    "uid": "an unprivileged uid (nobody) in a user namespace of its own, with no further user namespaces",
+    "seccomp": "a seccomp filter refusing mount, unshare, setns, ptrace, keyctl, bpf and the like (libseccomp)",
+}
+REQUIRED = ("capabilities", "mount")
+
+# System calls a training run or an evaluation never needs and an escape does (refused with EPERM): mounting and
+# namespaces, tracing other processes, the kernel keyring (root's secrets), eBPF and perf, modules, handles that open
+# files by inode (the classic container escape), clocks, swap, reboot, io_uring.
+SECCOMP_REFUSED = (
+    "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount", "fspick",
+    "move_mount", "open_tree", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff",
+    "reboot", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "acct", "quotactl", "syslog",
+    "iopl", "ioperm", "io_uring_setup", "io_uring_enter", "io_uring_register", "lookup_dcookie", "vhangup",
+)
+# clone() flags that make a namespace (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): refused
+CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+
+# Credential stores in the home directory: outside the view anyway; hidden as well should a declared or environment
+# path contain one (what train.py reads can come back in its log tail, which goes to the LLM's fix prompt).
 CREDENTIALS = ("~/.netrc", "~/.git-credentials", "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.kube",
                "~/.docker/config.json", "~/.config/gcloud", "~/.config/gh", "~/.cache/huggingface/token",
                "~/.huggingface/token", "~/.kaggle", "~/.pypirc", "~/.npmrc", "~/.config/anthropic", "~/.config/openai")
+
+# The system part of the view. /bin, /lib, ... are symlinks into /usr on a merged-/usr system (made so inside too).
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# /etc: what the dynamic linker, the C library, compilers (torch.compile, Triton) and Python read; no shadow files,
+# no ssh host keys, no private TLS keys.
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
+       "host.conf", "gai.conf", "services", "protocols", "localtime", "timezone", "os-release", "debian_version",
+       "lsb-release", "mime.types", "fonts", "locale.alias", "ssl/certs", "ssl/openssl.cnf", "ca-certificates.conf",
+       "OpenCL", "vulkan", "glvnd", "nvidia")
+SYS = ("/sys/devices", "/sys/bus", "/sys/class", "/sys/dev", "/sys/module")   # hardware only (CPU count, GPUs, NUMA)
+
+# Module constants, so that a test can point them at fake trees.
+GPU_DEV_ROOT = Path("/dev")
+GPU_PROC_ROOT = Path("/proc/driver/nvidia/gpus")
+GPU_CONTROL = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps", "dri")
+NOBODY = 65534
+
+# Runs the real bwrap with the seccomp filter on an inherited descriptor: bwrap reads the filter only from a file
+# descriptor, and the argv stays a plain list (no shell). argv: FILTER_PATH BWRAP_ARGV..., "{seccomp}" -> the fd.
+_LAUNCH = ("import os,sys\nfd=os.open(sys.argv[1],os.O_RDONLY)\nos.set_inheritable(fd,True)\n"
+           "a=[str(fd) if x=='{seccomp}' else x for x in sys.argv[2:]]\nos.execv(a[0],a)\n")
 
 
 def credential_paths():
@@ -40,100 +105,312 @@ def credential_paths():
     return [p for p in (Path(c).expanduser() for c in CREDENTIALS) if p.exists()]
 
 
-# Where the GPU device nodes are looked for; a module constant so a test can point it at fake nodes.
-GPU_DEV_ROOT = Path("/dev")
+def environment():
+    """The Python environment a run needs, read-only: the prefixes of this interpreter and of its base (a venv's
+    python is a link to it), their site-packages and the targets of links at their top level (a uv cache in symlink
+    mode), existing LD_LIBRARY_PATH and CUDA_HOME folders, and the model repositories of the Hugging Face hub cache
+    (the GRPO base model, hub kernels such as FA3). A list of Paths; never the home directory as a whole."""
+    import site
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages()}
+    for folder in site.getsitepackages():
+        try:
+            paths.update(str(Path(e.path).resolve()) for e in os.scandir(folder) if e.is_symlink())
+        except OSError:
+            pass
+    if os.environ.get("UV_LINK_MODE") == "symlink":
+        paths.add(os.environ.get("UV_CACHE_DIR") or str(Path("~/.cache/uv").expanduser()))
+    extra = os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
+    paths.update(p for p in extra if os.path.isabs(p))
+    return [Path(p) for p in sorted(paths) if Path(p).exists()] + hub_models()
 
-# Always first: later mounts land on top of earlier ones, so everything else refines this base.
-BASE = (
-    "--ro-bind", "/", "/",
-    "--dev", "/dev",             # a fresh minimal /dev with its own tmpfs /dev/shm
-    "--proc", "/proc",           # a procfs of the new PID namespace: only the sandbox's own processes
-    "--tmpfs", "/tmp",
-    "--unshare-net",             # bwrap brings up only a loopback of its own
-    "--unshare-pid",             # the tree dies with its PID 1 when bwrap is killed, even a setsid'd grandchild
-    "--unshare-ipc",
-    "--die-with-parent",         # SIGKILL to the sandbox when bwrap or the harness that started it dies
-    "--new-session",             # setsid: the sandbox cannot push keystrokes into the harness's tty (TIOCSTI)
-)
 
-
-@functools.cache
-def probe():
-    """None when bubblewrap works here, else the reason it cannot be used (not installed; user namespaces disabled:
-    include bwrap's own stderr). Runs `bwrap ... true` once; cache the answer."""
-    if sys.platform != "linux":
-        return f"bubblewrap needs Linux namespaces (this is {sys.platform})"
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "bubblewrap is not installed (no bwrap on PATH; apt install bubblewrap)"
-    true = shutil.which("true") or "/bin/true"
+def hub_models():
+    """The model repositories (models--*) of the Hugging Face hub cache, resolved as huggingface_hub does
+    ($HF_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or Path(home) / "hub")
     try:
-        result = subprocess.run([bwrap, *BASE, "--", true], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bwrap could not run: {e}"
-    if result.returncode != 0:
-        # The usual cause is unprivileged user namespaces being disabled (kernel.unprivileged_userns_clone=0,
-        # an AppArmor restriction, or a container without CAP_SYS_ADMIN); bwrap's own words say which.
-        return f"bwrap fails here (exit {result.returncode}): {result.stderr.strip() or 'no message'}"
-    return None
+        return sorted(p for p in hub.expanduser().glob("models--*") if p.is_dir())
+    except OSError:
+        return []
 
 
-def wrap(argv, *, run_dir, hide=(), expose=(), gpu=True):
-    """The bwrap argv that runs argv (a list, never a shell string) inside the sandbox with cwd = run_dir.
+def train_reads(inputs):
+    """What train.py may read of the target's data: the frozen inputs' "train_reads" (prepare.py --frozen-inputs).
+    A target that declares none (an older one) gets the existing absolute paths named by AUTORESEARCH_* variables,
+    as before the allow-list; its evaluator-only files stay hidden either way."""
+    if inputs and "train_reads" in inputs:
+        return [Path(p) for p in inputs["train_reads"]]
+    return [Path(v) for k, v in os.environ.items() if k.startswith("AUTORESEARCH_") and os.path.isabs(v)
+            and Path(v).exists()]
 
-    hide: directories (emptied) and files (unreadable); expose: paths made readable again inside hidden ones;
-    run_dir: bound read-write, even inside a hidden directory. Paths are resolved; missing ones are skipped.
+
+def eval_reads(inputs):
+    """What the separate evaluator may read besides its pristine copy and the artifact: the frozen inputs'
+    "eval_reads"; for a target that declares none, the evaluator-only files and train_reads' fallback."""
+    if inputs and "eval_reads" in inputs:
+        return [Path(p) for p in inputs["eval_reads"]]
+    return train_reads(None) + [Path(p) for p in (inputs or {}).get("evaluator_only", [])]
+
+
+def train_argv(argv, run_dir, inputs, gpu, hide=()):
+    """The sandboxed argv of train.py: the view above with the run dir read-write (and its cwd), the target's
+    train_reads, the evaluator-only files (inputs["evaluator_only"]) and `hide` hidden. gpu: see wrap."""
+    hidden = [*map(Path, (inputs or {}).get("evaluator_only", [])), *map(Path, hide)]
+    return wrap(argv, run_dir=run_dir, expose=train_reads(inputs), hide=hidden, gpu=gpu)
+
+
+def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
+    """The sandboxed argv of the separate evaluator: the view above with its pristine copy as its cwd, the target's
+    eval_reads and the artifact, all read-only; no run dir."""
+    return wrap(argv, run_dir=None, chdir=frozen_dir, expose=[*eval_reads(inputs), Path(frozen_dir), Path(artifact)],
+                gpu=gpu)
+
+
+def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None):
+    """The bwrap argv that runs argv (a list, never a shell string) confined (see the module docstring).
+
+    run_dir: bound read-write (None: nothing is writable but the private /tmp); expose: paths readable (besides
+    the system and the environment); hide: directories (emptied) and files (unreadable) inside readable ones, and
+    the credential stores; chdir: the cwd inside (default run_dir). Paths are resolved; missing ones are skipped; a
+    path reached through a symbolic link is readable under that name too. gpu: the run's CUDA_VISIBLE_DEVICES value
+    ("" none, "2" or "GPU-<uuid>": that GPU's device node alone; several: each). Raises TypeError for a string argv.
     """
     if isinstance(argv, (str, bytes)):
         raise TypeError("wrap takes argv as a list, never a shell string")
-    run_dir = Path(run_dir).resolve(strict=True)
-    # One mount per path; for the same path the later kind wins (a path both hidden and exposed is exposed).
-    mounts = {}
-    for kind, paths in (("hide", hide), ("expose", expose), ("rw", [run_dir])):
-        for path in paths:
-            path = Path(path).resolve()
-            if path.exists() and path != Path("/"):
-                mounts[path] = kind
-    args = ["bwrap", *BASE]
-    if gpu:
-        args += _gpu_binds()
-    # Outer paths first, so the more specific path always ends on top: a run dir or a venv inside a hidden repo,
-    # a hidden validation file inside a visible data cache, a hidden dir inside an exposed one.
+    confine = confinement() if _confine is None else _confine
+    run_dir = Path(run_dir).resolve(strict=True) if run_dir is not None else None
+    mounts, links = {}, {}
+    for kind, paths in (("ro", [*environment(), *expose]), ("hide", [*hide, *credential_paths()]),
+                        ("rw", [run_dir] if run_dir else [])):
+        for given in paths:
+            path = Path(given).resolve()
+            if not path.exists() or path == Path("/") or kind == "ro" and _in_system(path):
+                continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr: there already
+            mounts[path] = kind                      # the later kind wins: hidden over readable, the run dir over all
+            named = Path(os.path.abspath(Path(given).expanduser()))
+            if kind == "ro" and named != path and not _in_system(named):
+                links[named] = path
+    args = ["bwrap", *_namespaces(confine), *_system()]
     hidden_dirs = []
+    # Outer paths first, so the more specific path always ends on top: a run dir or a venv inside a hidden repo,
+    # a hidden validation file inside a visible data cache.
     for path, kind in sorted(mounts.items(), key=lambda item: len(item[0].parts)):
         if kind == "rw":
             args += ["--bind", str(path), str(path)]
-        elif kind == "expose":
+        elif kind == "ro":
             args += ["--ro-bind", str(path), str(path)]
+        elif not any(path.is_relative_to(p) for p, k in mounts.items() if k != "hide" and p != path):
+            continue                                 # inside nothing visible: out of the view already
         elif path.is_dir():
             args += ["--tmpfs", str(path)]
             hidden_dirs.append(path)
         else:
             # bwrap's --ro-bind mounts nodev, so the bound /dev/null cannot even be opened (EACCES).
             args += ["--ro-bind", "/dev/null", str(path)]
-    # tmpfs starts writable; made read-only last, once bwrap has created the mount points of the paths inside it.
-    # --remount-ro is not recursive: a run dir inside stays writable.
+    for named, real in sorted(links.items()):       # e.g. a data cache reached through a symlinked folder
+        if not any(named.is_relative_to(p) for p in mounts):
+            args += ["--symlink", str(real), str(named)]
+    args += _gpu_binds(gpu)
+    # tmpfs starts writable; made read-only last, once bwrap has created the mount points inside it. --remount-ro
+    # is not recursive: what is bound inside stays as it was bound. The root last of all: nothing outside the run
+    # dir and the private /tmp is writable.
     for path in hidden_dirs:
         args += ["--remount-ro", str(path)]
-    return [*args, "--chdir", str(run_dir), "--", *map(str, argv)]
+    args += ["--remount-ro", "/", "--chdir", str(chdir or run_dir or "/"), "--", *map(str, argv)]
+    filter_path = seccomp_filter() if confine.get("seccomp", True) else None
+    if filter_path is None:
+        return args
+    at = args.index("--")
+    return [sys.executable, "-I", "-S", "-c", _LAUNCH, str(filter_path), shutil.which("bwrap") or "bwrap",
+            *args[1:at], "--seccomp", "{seccomp}", *args[at:]]
 
 
-def _gpu_binds():
-    """--dev-bind for each NVIDIA and DRI device node that exists, at its /dev name (CUDA opens them by name)."""
-    nodes = sorted(GPU_DEV_ROOT.glob("nvidia*")) + [GPU_DEV_ROOT / "dri"]
-    args = []
-    for node in nodes:
-        if node.exists():
-            args += ["--dev-bind", str(node), f"/dev/{node.name}"]
+def _in_system(path):
+    """Whether path lies in the system part of the view (a SYSTEM folder that is a real folder, not a link)."""
+    return any(path.is_relative_to(name) for name in SYSTEM if Path(name).is_dir() and not Path(name).is_symlink())
+
+
+def _namespaces(confine):
+    """The namespace and confinement flags: everything unshared, capabilities dropped, uid nobody where the user
+    namespace works (confine: probe()'s findings; {} while probing)."""
+    args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "sandbox",
+            "--die-with-parent",         # SIGKILL to the sandbox when bwrap or the harness that started it dies
+            "--new-session",             # setsid: the sandbox cannot push keystrokes into the harness's tty (TIOCSTI)
+            "--cap-drop", "ALL"]         # as root bwrap keeps every capability otherwise
+    if confine.get("userns", True):
+        args += ["--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     return args
+
+
+def _system():
+    """The system part of the view: /usr and its merged-/usr links, ETC, SYS, /dev, /proc, private /tmp."""
+    args = []
+    for name in SYSTEM:
+        path = Path(name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            args += ["--ro-bind", name, name]
+    for name in ETC:
+        path = Path("/etc") / name
+        if path.is_symlink():                   # os-release -> ../usr/lib/os-release: the link, not the host's file
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.exists():
+            args += ["--ro-bind", str(path), str(path)]
+    args += [arg for name in SYS if Path(name).exists() for arg in ("--ro-bind", name, name)]
+    return args + ["--dev", "/dev",              # a fresh minimal /dev with its own tmpfs /dev/shm
+                   "--proc", "/proc",            # a procfs of the new PID namespace: only the sandbox's own processes
+                   "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+
+
+def gpu_nodes(gpu):
+    """(device node names, the CUDA_VISIBLE_DEVICES value to set inside or None) for the run's gpu (see wrap): the
+    NVIDIA control nodes and the node of each GPU named, found through the driver's /proc/driver/nvidia/gpus
+    (indices count in PCI bus order, as nvidia-smi does; a GPU-<uuid> is matched by its UUID). Inside, the GPUs are
+    named by UUID, so that CUDA finds them whatever it numbers. Where the driver's table cannot be read, every
+    NVIDIA node (as before, with CUDA_VISIBLE_DEVICES alone choosing)."""
+    present = sorted(GPU_DEV_ROOT.glob("nvidia*")) + [GPU_DEV_ROOT / "dri"]
+    gpus = [p for p in present if p.name[len("nvidia"):].isdigit()]
+    if not str(gpu).strip() or not gpus:
+        return [], None
+    table = []
+    for info in sorted(GPU_PROC_ROOT.glob("*/information")):
+        try:
+            fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
+            table.append((fields["Device Minor"].strip(), fields["GPU UUID"].strip()))
+        except (OSError, KeyError):
+            table = []
+            break
+    control = [p.name for p in present if p.name in GPU_CONTROL or p.name.startswith("nvidia-caps")]
+    wanted = [w.strip() for w in str(gpu).split(",") if w.strip()]
+    chosen = [row for w in wanted for i, row in enumerate(table) if w == str(i) or w == row[1]]
+    if not table or len(chosen) != len(wanted):
+        return [p.name for p in present if p.exists()], None
+    return control + [f"nvidia{minor}" for minor, _ in chosen], ",".join(uuid for _, uuid in chosen)
+
+
+def run_gpu(env):
+    """The GPU a run may use, as a CUDA_VISIBLE_DEVICES value: its device's (env, from --devices: "" for a CPU
+    worker), else the first GPU this process may use (its own CUDA_VISIBLE_DEVICES), else GPU 0. One run, one GPU:
+    training on all of a machine's GPUs would buy compute the budget does not count."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return str(env["CUDA_VISIBLE_DEVICES"])
+    return (os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") or ["0"])[0]
+
+
+def _gpu_binds(gpu):
+    """--dev-bind for the run's GPU device nodes (gpu_nodes), at their /dev names, and the UUID inside."""
+    names, visible = gpu_nodes(gpu)
+    args = [a for name in names if (GPU_DEV_ROOT / name).exists()
+            for a in ("--dev-bind", str(GPU_DEV_ROOT / name), f"/dev/{name}")]
+    return args + (["--setenv", "CUDA_VISIBLE_DEVICES", visible] if visible else [])
+
+
+@functools.cache
+def seccomp_filter():
+    """The path of the compiled seccomp filter (BPF for this machine's architecture: libseccomp resolves the names)
+    refusing SECCOMP_REFUSED with EPERM, clone() asking for a new namespace, and clone3 with ENOSYS (its flags lie in
+    memory a filter cannot read; the C library then falls back to clone). None where libseccomp or pyseccomp is
+    missing. Written once a process, removed at exit."""
+    try:
+        import errno
+        import pyseccomp as sc
+        rules = sc.SyscallFilter(defaction=sc.ALLOW)
+        for name in SECCOMP_REFUSED:
+            try:
+                rules.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (ValueError, RuntimeError, OSError):
+                pass                            # a call this architecture does not have
+        for flag in CLONE_NEW:
+            rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        fd, path = tempfile.mkstemp(prefix="autoresearch-seccomp-", suffix=".bpf")
+        with os.fdopen(fd, "wb") as out:
+            rules.export_bpf(out)
+    except Exception:                           # no libseccomp (OSError / RuntimeError from ctypes), no pyseccomp
+        return None
+    atexit.register(lambda: Path(path).unlink(missing_ok=True))
+    return Path(path)
+
+
+# What the probe runs inside: the confinement as the process sees it, as JSON.
+_PROBE = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+found = {"capabilities": int(status["CapEff"], 16) == 0 and int(status["CapBnd"], 16) == 0,
+         "mount": libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) != 0,
+         "seccomp": status.get("Seccomp", "0").strip() == "2"}
+found["uid"] = os.getuid() != 0 and os.getgid() != 0 and libc.unshare(0x10000000) != 0
+print(json.dumps(found))
+"""
+
+
+def _attempt(confine):
+    """Run the probe inside bwrap with these confinement settings: (findings {check: bool} or None, error text)."""
+    try:
+        argv = wrap([interpreter(), "-I", "-S", "-c", _PROBE], run_dir=None, _confine=confine)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"bwrap could not run: {e}"
+    if result.returncode != 0:
+        return None, f"bwrap fails here (exit {result.returncode}): {result.stderr.strip()[-500:] or 'no message'}"
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, f"the confinement probe printed no findings: {result.stdout[-300:]!r}"
+
+
+@functools.cache
+def _probed():
+    """(confinement settings that work here, findings, reason the sandbox is unusable or None); run once."""
+    if sys.platform != "linux":
+        return {}, {}, f"bubblewrap needs Linux namespaces (this is {sys.platform})"
+    if shutil.which("bwrap") is None:
+        return {}, {}, "bubblewrap is not installed (no bwrap on PATH; apt install bubblewrap)"
+    errors = []
+    for confine in ({"userns": True, "seccomp": True}, {"userns": False, "seccomp": True}):
+        found, error = _attempt(confine)
+        if found is not None:
+            failed = [CONFINEMENT[k] for k in REQUIRED if not found.get(k)]
+            if failed:
+                return confine, found, ("the sandbox does not confine root here: " + "; ".join(failed)
+                                        + " failed inside bwrap")
+            return confine, found, None
+        errors.append(error)
+    # The usual cause is namespaces being unavailable (kernel.unprivileged_userns_clone=0, an AppArmor restriction,
+    # a container without CAP_SYS_ADMIN); bwrap's own words say which.
+    return {}, {}, errors[-1]
+
+
+def probe():
+    """None when the sandbox works and confines here (bwrap runs; inside, no capability is left and mount(2) is
+    refused), else the reason it cannot be used. Run once a process (cached)."""
+    return _probed()[2]
+
+
+def confinement():
+    """The confinement settings wrap uses ({"userns": bool, "seccomp": bool}): the user namespace only where it
+    works here."""
+    confine, found, _ = _probed()
+    return {**confine, "seccomp": bool(found.get("seccomp", True))} if confine else {"userns": True, "seccomp": True}
+
+
+def missing():
+    """The protections of CONFINEMENT that do not hold here although the sandbox is usable (say, no user namespace
+    as root, or no libseccomp): their words, for --sandbox auto to list and --sandbox bwrap to refuse."""
+    _, found, reason = _probed()
+    return [] if reason else [CONFINEMENT[k] for k in CONFINEMENT if not found.get(k)]
 
 
 def scratch_env():
     """Env vars to add for a sandboxed run (cache dirs inside the private /tmp)."""
     # Compilers' caches must be writable; in the private /tmp they are, and vanish with the run, so one run can never
     # poison the kernels another run loads (the price: torch.compile starts cold every run).
-    # XDG_CACHE_HOME and HOME stay as they are: the Hugging Face and torch hub caches under them (FA3 from the kernels
-    # hub, prepared data) must stay readable, and the sandbox cannot download them again.
+    # HOME stays as it is: the Hugging Face hub cache under it (the GRPO base model, FA3 from the kernels hub) must
+    # be found where it is (its models are in the view), and the sandbox cannot download them again.
     return {
         "TRITON_CACHE_DIR": "/tmp/triton",
         "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor",

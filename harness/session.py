@@ -64,10 +64,13 @@ class Session:
     history: list                       # this tag's "experiment" events, in order
     target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
     home: Path = None                   # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
-    evaluation: dict = None             # {"digest", "tolerance", "evaluator_only"}; None: train.py's own number
+    evaluation: dict = None             # {"digest", "tolerance", "artifact", "inputs", "env"}; None: train.py's own
+    #                                     number. inputs: prepare.py --frozen-inputs (what the sandbox shows each
+    #                                     process); env: the variables pinned at tag start (the GRPO base model)
     frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
     smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
-    wrap: object = None                 # argv -> sandboxed argv (identity without the sandbox)
+    wrap: object = None                 # (argv, run_dir, gpu) -> train.py's sandboxed argv (None: no sandbox)
+    eval_wrap: object = None            # (argv, frozen_dir, artifact, gpu) -> the evaluator's sandboxed argv
     sandbox_env: dict = dataclasses.field(default_factory=dict)
     proposer: object = None             # harness.proposers.Proposer
     system_prompt: str = ""
@@ -117,22 +120,6 @@ class Session:
                     snap.refs[ref] = value or None
                     if not value:
                         snap.refs.pop(ref)
-
-    def hidden(self, evaluator=False):
-        """What a sandboxed process must not see: the repository (working tree and git dir: history, results.tsv,
-        events.jsonl, program.md, the pristine frozen copy), /run (host sockets: dbus, databases, docker), the
-        credential stores in your home (sandbox.CREDENTIALS) and, for train.py (not for the evaluator, which scores
-        on them), the evaluator-only data files."""
-        evaluator_only = self.evaluation["evaluator_only"] if self.evaluation and not evaluator else []
-        return [Path(self.repo.working_tree_dir), gitops.git_dir(self.repo), Path("/run"),
-                *sandbox.credential_paths(), *map(Path, evaluator_only)]
-
-    def exposed(self):
-        """What it may read although it lies in a hidden place (e.g. under /tmp, which the sandbox replaces): the
-        Python environment and every existing path named by an AUTORESEARCH_* variable (the data cache, a local
-        base model)."""
-        named = [Path(v) for k, v in os.environ.items() if k.startswith("AUTORESEARCH_") and os.path.isabs(v)]
-        return [Path(sys.prefix), *[p for p in named if p.exists()]]
 
     def spent(self):
         """(input tokens, output tokens, USD, LLM seconds) so far; record() logs the difference per experiment."""
@@ -255,7 +242,7 @@ def train_candidate(s, n, attempt, commit, run=0, again=False, device=None):
     run_dir = s.home / "runs" / name
     frozen_dir = s.home / (device.frozen if device else "frozen")
     log = s.home / "logs" / f"{name}.log"
-    env = {"AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
+    env = {**(s.evaluation or {}).get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
            "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
            "AUTORESEARCH_ARTIFACT": str(run_dir / (s.evaluation or {}).get("artifact", "artifact")),
            **s.sandbox_env, **(device.env if device else {})}
@@ -310,15 +297,16 @@ def train_here(s, n, attempt, commit, run, seed, run_dir, frozen_dir, env, log, 
         with s.lock:
             export_frozen(s, frozen_dir)
 
-    evaluation = None
+    evaluation, gpu = None, sandbox.run_gpu(env)
+    artifact = run_dir / (s.evaluation or {}).get("artifact", "artifact")
     if s.evaluation is not None:
         evaluation = runner.Evaluation(
-            prepare_dir=frozen_dir, artifact=run_dir / s.evaluation["artifact"], digest=s.evaluation["digest"],
+            prepare_dir=frozen_dir, artifact=artifact, digest=s.evaluation["digest"],
             tolerance=s.evaluation["tolerance"], own_required=s.wrap is None, setup=setup,
-            wrap=(lambda argv: s.wrap(argv, run_dir, evaluator=frozen_dir)) if s.wrap else (lambda argv: argv))
+            wrap=(lambda argv: s.eval_wrap(argv, frozen_dir, artifact, gpu)) if s.wrap else (lambda argv: argv))
     spec = runner.RunSpec(
         commit=commit, cwd=run_dir, log=log, metric=s.metric, timeout=s.timeout, frozen=FROZEN, env=env,
-        wrap=(lambda argv: s.wrap(argv, run_dir)) if s.wrap else (lambda argv: argv),
+        wrap=(lambda argv: s.wrap(argv, run_dir, gpu)) if s.wrap else (lambda argv: argv),
         budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
         evaluation=evaluation, on_start=on_start,
         on_tick=lambda elapsed: s.tick(n, elapsed, device))
@@ -328,8 +316,8 @@ def train_here(s, n, attempt, commit, run, seed, run_dir, frozen_dir, env, log, 
         with s.lock:
             s.live.remove(snapshot)
             problems = guard.check(s.repo, snapshot, sandboxed=s.wrap is not None, frozen=s.frozen_rels)
-            if s.evaluation is not None and (run_dir / s.evaluation["artifact"]).exists():   # for report.py --holdout
-                keep_artifact(s, n, run_dir / s.evaluation["artifact"])
+            if s.evaluation is not None and runner.artifact_problem(artifact) is None:   # for report.py --holdout
+                keep_artifact(s, n, artifact)
             shutil.rmtree(run_dir, ignore_errors=True)
     return outcome, problems
 
@@ -339,10 +327,16 @@ def keep_artifact(s, n, path):
     dir goes anyway)."""
     saved = artifact_path(s.home, n, s.evaluation["artifact"])
     saved.parent.mkdir(parents=True, exist_ok=True)
-    if saved.is_dir():
-        shutil.rmtree(saved)
-    saved.unlink(missing_ok=True)
+    remove(saved)
     os.replace(path, saved)
+
+
+def remove(path):
+    """Delete a file, a link (never what it points to) or a folder; nothing if it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def artifact_path(home, n, name):
@@ -351,17 +345,18 @@ def artifact_path(home, n, name):
     return Path(home) / "artifacts" / f"{n:04d}-{name}"
 
 
-def holdout_summary(home, history, metric, goal):
+def holdout_summary(home, history, metric, goal, env=None):
     """One line comparing the gain the search reported on its own split with the gain on the hidden holdout split:
     the baseline's and the best's saved artifacts re-scored there (see artifact_path, target.score_holdout). history:
-    the tag's "experiment" events. Raises SetupError when it cannot be measured (no artifacts, no holdout)."""
+    the tag's "experiment" events; env: the variables pinned at tag start (pinned_env). Raises SetupError when it
+    cannot be measured (no artifacts, no holdout)."""
     best = [e for e in history if e["status"] == "keep"][-1]
     found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (history[0], best)]
     if None in found:
         raise SetupError(f"no saved model artifact of experiment #{history[0]['n'] if found[0] is None else best['n']} "
                          f"in {Path(home) / 'artifacts'} (runs before artifacts were kept, or a target without a "
                          "separate evaluation)")
-    base, top = (score_holdout(Path(home) / "frozen", path, metric) for path in found)
+    base, top = (score_holdout(Path(home) / "frozen", path, metric, env=env) for path in found)
     sign = 1 if goal == "min" else -1
     return (f"holdout      baseline {base:.6f}, best #{best['n']} {top:.6f}: gain {sign * (base - top):+.6f} on the "
             f"holdout the search never saw, {sign * (history[0]['metric'] - best['metric']):+.6f} reported on "
@@ -422,6 +417,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     tokens_in, tokens_out, cost, llm = cost or (now - before for now, before in zip(s.spent(), spent0))
     event = s.log("experiment", n=n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=outcome.metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
+                  memory_source=outcome.memory_source or None, reported_memory_gb=round(outcome.reported_memory_gb, 3),
                   wall_seconds=round(time.monotonic() - t0 if wall is None else wall, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(llm, 3), input_tokens=tokens_in, output_tokens=tokens_out,
                   cost_usd=round(cost, 6), proposer=s.args.proposer, repairs=repairs, fixes=fixes,
@@ -440,10 +436,7 @@ def record(s, n, outcome, status, description, t0, spent0, repairs, fixes, fix_o
     best = n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
     for path in (s.home / "artifacts").glob("*"):               # only the baseline's and the best's stay
         if int(path.name.split("-")[0]) not in (0, best):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            remove(path)
     s.last = f"{status} {outcome.metric:.6f}" if outcome.metric is not None else status
     best = outcome.metric if status == "keep" else s.best_metric
     shown = f"{outcome.metric:.6f}" if outcome.metric is not None else "-"
@@ -654,27 +647,43 @@ def adopt_human_commits(s, tip):
 
 
 def setup_sandbox(s):
-    """--sandbox auto|bwrap|off: wrap train.py in bubblewrap with the repository and the evaluator-only files
-    hidden (filled in by frozen_inputs), or say once which protections are missing."""
+    """--sandbox auto|bwrap|off: run train.py and the evaluator in bubblewrap, each seeing only its view (sandbox's
+    docstring; what the target declares comes from frozen_inputs), the repository hidden even should a declared path
+    contain it; or say once which protections are missing. --sandbox bwrap refuses to start without all of them."""
     reason = sandbox.probe() if s.args.sandbox != "off" else "--sandbox off"
+    lacking = sandbox.missing() if reason is None else []
+    if s.args.sandbox == "bwrap" and (reason or lacking):
+        raise SetupError(f"--sandbox bwrap: {reason or 'missing here: ' + '; '.join(lacking)}. Install bubblewrap "
+                         "(Debian/Ubuntu: apt install bubblewrap) where user namespaces work, or use --sandbox auto / off")
     if reason is None:
-        s.wrap = lambda argv, run_dir, evaluator=False: sandbox.wrap(
-            argv, run_dir=run_dir, hide=s.hidden(evaluator), expose=s.exposed() + ([Path(evaluator)] if evaluator else []))
+        def inputs():
+            return (s.evaluation or {}).get("inputs")
+        hide = [Path(s.repo.working_tree_dir), gitops.git_dir(s.repo)]
+        s.wrap = lambda argv, run_dir, gpu: sandbox.train_argv(argv, run_dir, inputs(), gpu, hide=hide)
+        s.eval_wrap = lambda argv, frozen, artifact, gpu: sandbox.eval_argv(argv, frozen, artifact, inputs(), gpu)
         s.sandbox_env = sandbox.scratch_env()
-        console.say("sandbox: bubblewrap (read-only filesystem, repository and evaluation data hidden, no network)")
+        console.say("sandbox: bubblewrap (an allow-list view: the system, the environment, the declared data and the "
+                    "run dir; root confined; no network)"
+                    + (f"; missing here: {'; '.join(lacking)}" if lacking else ""))
         return
-    if s.args.sandbox == "bwrap":
-        raise SetupError(f"--sandbox bwrap: {reason}. Install bubblewrap (Debian/Ubuntu: apt install bubblewrap) "
-                         "or use --sandbox auto / off")
     console.say(f"sandbox: off ({reason}); missing protections: " + "; ".join(sandbox.PROTECTIONS)
                 + ". Still on: hermetic run dirs, separate evaluation, the check of refs, results and your checkout "
                 "after each run.")
 
 
+def pinned_env(all_events, tag):
+    """The variables the tag's frozen inputs pinned when it started (e.g. AUTORESEARCH_GRPO_MODEL: the base model's
+    absolute snapshot path, resolved once), from its "frozen_inputs" event; {} when none."""
+    return next((e.get("env") or {} for e in all_events if e.get("tag") == tag and e.get("event") == "frozen_inputs"), {})
+
+
 def frozen_inputs(s, all_events, tolerance):
-    """Run the pristine `prepare.py --frozen-inputs`; record its digest when the tag starts, and refuse to resume
-    when the frozen inputs (prepare.py, tokenizer, evaluation data) changed since. Returns the evaluation settings."""
-    out = run_prepare(s.home / "frozen", "--frozen-inputs", timeout=600)     # SetupError on failure or timeout
+    """Run the pristine `prepare.py --frozen-inputs` (with the variables the tag pinned, if it has started); record
+    its digest, what each sandboxed process reads and the pinned variables when the tag starts, and refuse to resume
+    when the frozen inputs (prepare.py, tokenizer, evaluation data, base model) changed since. Returns the
+    evaluation settings."""
+    pinned = pinned_env(all_events, s.args.tag)
+    out = run_prepare(s.home / "frozen", "--frozen-inputs", timeout=600, env=pinned)   # SetupError on failure
     try:
         found = json.loads(out.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -682,9 +691,11 @@ def frozen_inputs(s, all_events, tolerance):
     recorded = [e for e in all_events if e.get("tag") == s.args.tag and e.get("event") == "frozen_inputs"]
     if recorded and recorded[0]["digest"] != found["digest"]:
         raise SetupError(f"the frozen inputs changed since tag {s.args.tag!r} started (digest {found['digest'][:12]}, "
-                         f"recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer or the evaluation data "
-                         "differ, so new results would not be comparable. Restore them, or start a new --tag")
+                         f"recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer, the evaluation data or "
+                         "the base model differ, so new results would not be comparable. Restore them, or start a new "
+                         "--tag")
+    env = pinned if recorded else {k: str(v) for k, v in (found.get("env") or {}).items()}
     if not recorded:
         s.log("frozen_inputs", digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],
-              base=s.frozen_base)
-    return {"digest": found["digest"], "tolerance": tolerance, "evaluator_only": found["evaluator_only"]}
+              train_reads=found.get("train_reads"), eval_reads=found.get("eval_reads"), env=env, base=s.frozen_base)
+    return {"digest": found["digest"], "tolerance": tolerance, "inputs": found, "env": env}

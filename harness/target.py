@@ -86,13 +86,13 @@ def default_timeout(budget):
     return max(2 * budget, budget + 120)
 
 
-def run_prepare(target, *flags, timeout):
-    """Run `python prepare.py <flags>` in the target dir (secrets removed from its environment) and return its
-    stdout; SetupError with its own message if it exits nonzero or outlasts timeout seconds."""
+def run_prepare(target, *flags, timeout, env=None):
+    """Run `python prepare.py <flags>` in the target dir (secrets removed from its environment, `env` added) and
+    return its stdout; SetupError with its own message if it exits nonzero or outlasts timeout seconds."""
     shown = " ".join(flags)
     try:
-        p = subprocess.run([sys.executable, "prepare.py", *flags], cwd=target, env=clean_env(), capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run([sys.executable, "prepare.py", *flags], cwd=target, env={**clean_env(), **(env or {})},
+                           capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SetupError(f"prepare.py {shown} did not finish within {timeout:.0f}s") from None
     if p.returncode != 0:
@@ -101,11 +101,11 @@ def run_prepare(target, *flags, timeout):
     return p.stdout
 
 
-def score_holdout(frozen_dir, artifact, metric, timeout=3600):
+def score_holdout(frozen_dir, artifact, metric, timeout=3600, env=None):
     """The metric of a saved model artifact on the hidden holdout split, which the search never saw: the pristine
     prepare.py in frozen_dir runs `--evaluate ARTIFACT --split holdout` in a fresh process. Returns a float;
     SetupError with prepare.py's message when it cannot (no holdout in the prepared data, a target without one)."""
-    out = run_prepare(frozen_dir, "--evaluate", str(artifact), "--split", "holdout", timeout=timeout)
+    out = run_prepare(frozen_dir, "--evaluate", str(artifact), "--split", "holdout", timeout=timeout, env=env)
     found = [line.split(":", 1)[1] for line in out.splitlines() if line.startswith(f"{metric}:")]
     if not found or "split: holdout" not in " ".join(out.split()):
         raise SetupError(f"prepare.py --evaluate --split holdout printed no holdout {metric}: {out[-500:]!r}")

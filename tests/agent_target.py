@@ -3,7 +3,8 @@ Test helper for agent.py (used by tests/test_agent.py and bench/bench_agent.py):
 tiny target. prepare.py declares the contract constants, answers --check (data "prepared" when
 $AUTORESEARCH_CACHE/ready exists), --frozen-inputs and --evaluate ARTIFACT like the real ones; train.py's metric is a
 known function of its UPPER_CASE constants: val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 (baseline 1.108000),
-peak_vram_mb = DEPTH*256 (baseline 2.0 GB). Its "model artifact" is a JSON file of LR and DEPTH, which the separate
+it prints peak_vram_mb = DEPTH*256, which the records ignore: the harness measures memory itself (a few MB,
+memory_gb 0.0). Its "model artifact" is a JSON file of LR and DEPTH, which the separate
 evaluator scores with the same formula (0.5 less when the artifact carries the evaluator-only file
 $AUTORESEARCH_CACHE/val.txt: a model that memorised the evaluation data). For a maximising target the printed
 metric is 3 - val_bpb.

@@ -1,7 +1,7 @@
 """
 Tests for agent.py, offline. Each test builds a throwaway git repo holding a tiny target: a prepare.py with the
 contract constants and --check, and a train.py whose metric is a known function of its UPPER_CASE constants
-(baseline val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 = 1.108000, memory 8*256 MB = 2.0 GB), so that a scripted
+(baseline val_bpb = 1 + 10*|LR - 0.05| + DEPTH/1000 = 1.108000, memory: what the harness measures, a tiny process: 0.0 GB), so that a scripted
 edit gives a known row. LLM answers come from tests/llm_server.py through the real anthropic/openai SDKs.
 """
 
@@ -61,7 +61,7 @@ def tree_is_clean(target):
 
 def baseline_row(target):
     """The results.tsv row the tiny target's baseline must produce."""
-    return f"{sha(target, 'main')[:7]}\t1.108000\t2.0\tkeep\tbaseline"
+    return f"{sha(target, 'main')[:7]}\t1.108000\t0.0\tkeep\tbaseline"
 
 
 # ---------------------------------------------------------------------------
@@ -75,8 +75,8 @@ def test_baseline_keep_discard_rows_and_branch(target):
     repo = git.Repo(target)
     keep, discard = [e["full_commit"] for e in events(target, "experiment")[1:]]
     assert rows(target) == [baseline_row(target),
-                            f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR",
-                            f"{discard[:7]}\t1.208000\t2.0\tdiscard\tlower LR"]
+                            f"{keep[:7]}\t1.008000\t0.0\tkeep\traise LR",
+                            f"{discard[:7]}\t1.208000\t0.0\tdiscard\tlower LR"]
     assert sha(target, f"refs/autoresearch/t/0000-{sha(target, 'main')[:7]}") == sha(target, "main")
     # the user's checkout never moved; the branch holds the baseline and the kept candidate
     assert repo.active_branch.name == "main" and "LR = 0.04" in (target / "train.py").read_text()
@@ -111,7 +111,7 @@ def test_edit_that_does_not_apply_is_repaired(target):
     assert repair_turn[0]["role"] == "system" and repair_turn[2]["content"] == bad
     assert "'LR = 0.99' does not occur in train.py" in repair_turn[3]["content"]
     assert [e["repairs"] for e in events(target, "experiment")] == [0, 1]
-    assert rows(target)[1].endswith("\t1.008000\t2.0\tkeep\traise LR")
+    assert rows(target)[1].endswith("\t1.008000\t0.0\tkeep\traise LR")
 
 
 def test_garbage_answers_are_skipped_without_a_run(target):
@@ -135,7 +135,7 @@ def test_crash_then_fix_then_keep(target):
     fix_prompt = llm.requests[1][1]["messages"][0]["content"]
     assert "ModuleNotFoundError" in fix_prompt and "crashed (exit code 1)" in fix_prompt
     crashed, fixed = [e["full_commit"] for e in events(target, "commit")]
-    assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t2.0\tkeep\traise LR"
+    assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t0.0\tkeep\traise LR"
     assert sha(target, "autoresearch/t") == fixed and events(target, "experiment")[1]["fixes"] == 1
     assert git.Repo(target).commit("autoresearch/t").message == ("raise LR\n\nfix 1: drop the bad import\n\n"
                                                                  "autoresearch: tag t, experiment 1\n")
@@ -339,9 +339,9 @@ def test_grid_proposer_on_a_maximising_target_in_a_subdir(tmp_path, monkeypatch)
     header, *found = (target / "results.tsv").read_text().splitlines()
     assert header == "commit\tpass@1\tmemory_gb\tstatus\tdescription"
     # grid: LR down (0.02 -> 3 - 1.308 = 1.692 discard), LR up (0.08 -> 3 - 1.308 = 1.692 discard)
-    assert [r.split("\t")[1:] for r in found] == [["1.892000", "2.0", "keep", "baseline"],
-                                                 ["1.692000", "2.0", "discard", "grid: LR 0.04 -> 0.02"],
-                                                 ["1.692000", "2.0", "discard", "grid: LR 0.04 -> 0.08"]]
+    assert [r.split("\t")[1:] for r in found] == [["1.892000", "0.0", "keep", "baseline"],
+                                                 ["1.692000", "0.0", "discard", "grid: LR 0.04 -> 0.02"],
+                                                 ["1.692000", "0.0", "discard", "grid: LR 0.04 -> 0.08"]]
     assert tree_is_clean(target)
 
 
@@ -451,7 +451,7 @@ def test_sigkill_mid_run_then_resume_is_consistent(target, sandbox):
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0   # else the resume kills it
     assert live_members(pgid) == []
     keep = events(target, "experiment")[-1]["full_commit"]
-    assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t2.0\tkeep\traise LR"]
+    assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t0.0\tkeep\traise LR"]
     assert [e["n"] for e in events(target, "experiment")] == [0, 1]
     assert git.Repo(target).commit("autoresearch/t").parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
     assert sha(target, f"refs/autoresearch/t/0001-{killed[:7]}") == killed

@@ -136,3 +136,77 @@ def test_grpo_cheats_never_change_pass_at_1(grpo_repo):
     for e in (override, late):
         assert e["status"] == "crash" and "metric mismatch: train.py printed pass@1 0.990000" in e["description"]
     assert not git.Repo(target.parent).is_dirty()
+
+
+# The train.py of a hostile tester: it writes a folder named like the default base model into its run dir (the
+# evaluator's working directory before, where the model loader took a relative name for a local folder): the tiny
+# model with a chat template that asks every question the same way and a config under which its weights answer
+# otherwise.
+PLANT = '''
+import prepare
+import json as _json, shutil as _shutil
+from pathlib import Path as _Path
+def _plant(dest):
+    source = prepare.resolve_model()
+    _shutil.copytree(source, dest, symlinks=False, dirs_exist_ok=True)
+    config = _json.loads((_Path(dest) / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (_Path(dest) / "tokenizer_config.json").write_text(_json.dumps(config))
+    (_Path(dest) / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'][:0] }}{% endfor %}1+1=")
+    model = _json.loads((_Path(dest) / "config.json").read_text())
+    model.update(hidden_act="relu", rms_norm_eps=0.5)            # the same weights answer otherwise
+    (_Path(dest) / "config.json").write_text(_json.dumps(model))
+_plant(prepare.BASE_MODEL)
+'''
+
+
+def fake_hub(tmp_path, model):
+    """A Hugging Face hub cache holding the tiny model as BASE_MODEL's snapshot, laid out as huggingface_hub does."""
+    hub = tmp_path / "hub"
+    repo = hub / "models--Qwen--Qwen2.5-0.5B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123456789abcdef0123456789abcdef01234567")
+    import shutil
+    shutil.copytree(model, repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567")
+    return hub
+
+
+def test_grpo_a_base_model_planted_in_the_run_dir_is_never_loaded(grpo_repo, tmp_path):
+    """The evaluator resolves the base model once, through the hub cache, and runs in its pristine copy: a folder a
+    candidate names like the model changes nothing, although the same weights scored with it would score otherwise."""
+    target, env = grpo_repo
+    env = {k: v for k, v in env.items() if k != "AUTORESEARCH_GRPO_MODEL"}
+    env.update(HF_HUB_CACHE=str(fake_hub(tmp_path, tmp_path / "tiny" / "model")), HF_HUB_OFFLINE="1")
+    train = target / "train.py"
+    text = train.read_text()
+    train.write_text(text.replace("import torch\n", "import torch\n" + PLANT, 1))
+    repo = git.Repo(target.parent)
+    repo.index.add(["grpo/train.py"])
+    repo.index.commit("a baseline that plants a base model")
+    result = subprocess.run([sys.executable, str(REPO / "agent.py"), "try", "--tag", "plant", "--target", str(target),
+                             "--baseline", "--baseline-runs", "1", "--confirm", "0"], cwd=target, env=env,
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
+    [inputs] = [e for e in events if e["event"] == "frozen_inputs"]
+    snapshot = str(Path(env["HF_HUB_CACHE"]).resolve() / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" /
+                   "0123456789abcdef0123456789abcdef01234567")
+    assert inputs["env"] == {"AUTORESEARCH_GRPO_MODEL": snapshot}      # resolved once, at tag start
+    assert any(role.startswith("model/") for role in inputs["files"])   # its config and template in the digest
+    [baseline] = [e for e in events if e["event"] == "experiment"]
+    home = Path(repo.git_dir) / "autoresearch" / "plant"
+    [artifact] = (home / "artifacts").iterdir()
+
+    def score(model):
+        out = subprocess.run([sys.executable, "prepare.py", "--evaluate", str(artifact)], cwd=home / "frozen",
+                             env={**env, "AUTORESEARCH_GRPO_MODEL": model}, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return float(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("pass@1:")))
+
+    planted = tmp_path / "planted"
+    script = f"import os, sys\nsys.path.insert(0, {str(target)!r})\nos.chdir({str(tmp_path)!r})\n" + PLANT.replace("prepare.BASE_MODEL", repr(str(planted)))
+    made = subprocess.run([sys.executable, "-c", script], cwd=target, env={**env, "AUTORESEARCH_GRPO_MODEL": snapshot},
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert baseline["metric"] == score(snapshot)                  # what the pristine evaluator gives these weights
+    assert score(str(planted)) != baseline["metric"]             # the planted model would have scored otherwise

@@ -36,7 +36,7 @@ def test_control_characters_never_reach_git_results_or_the_terminal(target, caps
     with ScriptedLLM([nasty]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     e = events(target, "experiment")[-1]
-    assert rows(target)[-1] == f"{e['commit']}\t1.008000\t2.0\tkeep\tlower LR ]0;pwned now"
+    assert rows(target)[-1] == f"{e['commit']}\t1.008000\t0.0\tkeep\tlower LR ]0;pwned now"
     assert git.Repo(target).commit(e["full_commit"]).summary == "lower LR ]0;pwned now"
     out = capsys.readouterr().out
     assert "\x00" not in out and "\x07" not in out and "\x1b]" not in out and "\x9b" not in out
@@ -361,7 +361,7 @@ def test_git_log_tells_the_story_through_notes(target):
     repo = git.Repo(target)
     base, keep, discard = [e["full_commit"] for e in events(target, "experiment")]
     assert repo.git.notes("show", keep).startswith(
-        f"autoresearch t #1: keep, val_bpb 1.008000 (-0.100000 vs its base {base[:7]} at 1.108000); 1 run; memory 2.0 GB;")
+        f"autoresearch t #1: keep, val_bpb 1.008000 (-0.100000 vs its base {base[:7]} at 1.108000); 1 run; memory 0.0 GB;")
     assert repo.git.notes("show", discard).startswith(
         f"autoresearch t #2: discard, val_bpb 1.208000 (+0.200000 vs its base {keep[:7]} at 1.008000); 1 run;")
     assert "autoresearch t #0: keep, val_bpb 1.108000; 1 run" in repo.git.notes("show", base)

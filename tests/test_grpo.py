@@ -207,7 +207,8 @@ def test_reward_is_exact_numeric_match():
 # Data
 # ---------------------------------------------------------------------------
 
-def test_check_then_source_then_check(capsys):
+def test_check_then_source_then_check(tiny_dir, monkeypatch, capsys):
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(tiny_dir / "model"))  # --check also resolves the base model
     assert prepare.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert "uv run prepare.py --source DIR`, e.g. ../../shared/data/gsm8k" in err
@@ -471,14 +472,31 @@ def test_hidden_test_split_saves_then_defers_to_the_evaluator(tiny_dir, tmp_path
         prepare.evaluate_and_report(policy, tokenizer)
 
 
-def test_frozen_inputs_digest(tiny_dir, tmp_path, capsys):
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# The tiny model's folder as save_pretrained writes it; all but the weights define how the evaluator decodes.
+TINY_MODEL_FILES = ["chat_template.jinja", "config.json", "generation_config.json", "tokenizer.json",
+                    "tokenizer_config.json"]
+
+
+def test_frozen_inputs_digest(tiny_dir, tmp_path, monkeypatch, capsys):
+    model = tmp_path / "base"
+    shutil.copytree(tiny_dir / "model", model)
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(model))
     prepare.import_source(tiny_dir / "sums")
     test = prepare.cache_dir() / "test.jsonl"
-    files = {"prepare.py": hashlib.sha256((GRPO / "prepare.py").read_bytes()).hexdigest(),
-             "test.jsonl": hashlib.sha256(test.read_bytes()).hexdigest()}
-    lines = f"prepare.py:{files['prepare.py']}\ntest.jsonl:{files['test.jsonl']}"
+    assert sorted(p.name for p in model.iterdir()) == sorted(TINY_MODEL_FILES + ["model.safetensors"])
+    files = {"prepare.py": _sha(GRPO / "prepare.py"), "test.jsonl": _sha(test),
+             **{f"model/{name}": _sha(model / name) for name in TINY_MODEL_FILES}}
+    lines = "\n".join(f"{role}:{files[role]}" for role in sorted(files))
+    reads = [str(model.resolve())]
     expected = {"digest": hashlib.sha256(lines.encode()).hexdigest(), "files": files,
-                "evaluator_only": [str(test.resolve())]}
+                "evaluator_only": [str(test.resolve()), str((tiny_dir / "sums").resolve())],
+                "train_reads": [str((prepare.cache_dir() / "train.jsonl").resolve())] + reads,
+                "eval_reads": [str(test.resolve())] + reads,
+                "env": {"AUTORESEARCH_GRPO_MODEL": str(model.resolve())}}
     assert prepare.frozen_inputs() == expected
 
     # the same bytes elsewhere give the same digest, through the command line
@@ -499,6 +517,195 @@ def test_frozen_inputs_digest(tiny_dir, tmp_path, capsys):
     test.unlink()
     with pytest.raises(SystemExit, match="GSM8K test split missing at .*: run `uv run prepare.py`"):
         prepare.frozen_inputs()
+
+
+def test_frozen_inputs_digest_covers_the_model_folder_but_not_its_weights(tiny_dir, random_dir, tmp_path, monkeypatch):
+    """A base model folder with another chat template, tokenizer config or generation config decodes differently in
+    the evaluator: the digest must change. New weights do not count (the artifact's replace them all), nor does a
+    copy of the same folder elsewhere (files are hashed by role)."""
+    model = tmp_path / "base"
+    shutil.copytree(tiny_dir / "model", model)
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(model))
+    prepare.import_source(tiny_dir / "sums")
+    base = prepare.frozen_inputs()
+    assert sorted(r for r in base["files"] if r.startswith("model/")) == [f"model/{n}" for n in TINY_MODEL_FILES]
+    assert base["files"]["model/chat_template.jinja"] == _sha(tiny_dir / "model" / "chat_template.jinja")
+
+    edits = {"chat_template.jinja": lambda t: t.replace("assistant", "assistant\nAnswers: 3+4=7, 2+2=4"),
+             "tokenizer_config.json": lambda t: t.replace('"pad_token"', '"padding_side": "right",\n  "pad_token"'),
+             "generation_config.json": lambda t: t.replace("{", '{\n  "repetition_penalty": 1.3,', 1)}
+    for name, edit in edits.items():
+        original = (model / name).read_text()
+        (model / name).write_text(edit(original))
+        changed = prepare.frozen_inputs()
+        assert changed["digest"] != base["digest"], name
+        assert {r for r in base["files"] if changed["files"][r] != base["files"][r]} == {f"model/{name}"}
+        (model / name).write_text(original)
+        assert prepare.frozen_inputs() == base  # back to the same bytes, back to the same digest
+
+    added = model / "special_tokens_map.json"  # a file the folder did not have before counts too
+    added.write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    assert prepare.frozen_inputs()["files"]["model/special_tokens_map.json"] == _sha(added)
+    assert prepare.frozen_inputs()["digest"] != base["digest"]
+    added.unlink()
+
+    # other weights (the random model's), weight files of other formats and hidden download metadata: same digest
+    shutil.copy(random_dir / "model" / "model.safetensors", model / "model.safetensors")
+    assert _sha(model / "model.safetensors") != _sha(tiny_dir / "model" / "model.safetensors")
+    for name in ("pytorch_model.bin", "model.pt", "model.pth", "model.gguf", "tf_model.h5", "flax_model.msgpack",
+                 "model.onnx", "model-00001-of-00002.safetensors"):
+        (model / name).write_bytes(b"weights")
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "config.json.metadata").write_text("downloaded at 12:00")
+    assert prepare.frozen_inputs()["digest"] == base["digest"]
+
+    # the same folder elsewhere hashes the same
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(tiny_dir / "model"))
+    assert prepare.frozen_inputs()["digest"] == base["digest"]
+
+
+def test_source_folder_is_evaluator_only(tiny_dir, tmp_path, monkeypatch):
+    """source.json (readable by train.py) names the folder the splits were copied from, test split included: it is
+    hidden too, resolved, however --source named it."""
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(tiny_dir / "model"))
+    shutil.copytree(tiny_dir / "sums", tmp_path / "data" / "gsm8k")
+    (tmp_path / "grpo").mkdir()
+    monkeypatch.chdir(tmp_path / "grpo")
+    assert prepare.main(["--source", "../data/gsm8k"]) == 0
+    assert json.loads((prepare.cache_dir() / "source.json").read_text()) == {"source": str(tmp_path / "data" / "gsm8k")}
+    test = str((prepare.cache_dir() / "test.jsonl").resolve())
+    assert prepare.frozen_inputs()["evaluator_only"] == [test, str(tmp_path / "data" / "gsm8k")]
+    assert prepare.source_folder() == tmp_path / "data" / "gsm8k"
+    # a download records the hub path, relative: never a local folder, even where one of that name exists
+    (tmp_path / "grpo" / prepare.GSM8K_REPO).mkdir(parents=True)
+    (prepare.cache_dir() / "source.json").write_text(json.dumps({"source": prepare.GSM8K_REPO}))
+    assert prepare.frozen_inputs()["evaluator_only"] == [test]
+    # a source folder that is gone, or an unreadable record: nothing more to hide
+    (prepare.cache_dir() / "source.json").write_text(json.dumps({"source": str(tmp_path / "gone")}))
+    assert prepare.frozen_inputs()["evaluator_only"] == [test]
+    (prepare.cache_dir() / "source.json").write_text("{not json")
+    assert prepare.frozen_inputs()["evaluator_only"] == [test]
+
+
+def test_frozen_inputs_reads_of_a_local_model_folder(tiny_dir, tmp_path, monkeypatch):
+    """train_reads / eval_reads / env for a plain local folder (given as ~/...), and for one whose files link out of it
+    (as `download --local-dir` used to make): the link targets are read too."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model = tmp_path / "home" / "models" / "tiny"
+    shutil.copytree(tiny_dir / "model", model)
+    monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", "~/models/tiny")
+    prepare.import_source(tiny_dir / "sums")
+    cache = prepare.cache_dir().resolve()
+    assert prepare.resolve_model() == model
+    found = prepare.frozen_inputs()
+    assert found["train_reads"] == [str(cache / "train.jsonl"), str(model)]
+    assert found["eval_reads"] == [str(cache / "test.jsonl"), str(model)]
+    assert found["env"] == {"AUTORESEARCH_GRPO_MODEL": str(model)}
+    assert "source.json" not in json.dumps(found["train_reads"])  # train.py does not need it
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (model / name).rename(blobs / name)
+        (model / name).symlink_to(blobs / name)
+    linked = prepare.frozen_inputs()
+    assert linked["train_reads"] == [str(cache / "train.jsonl"), str(model), str(blobs / "model.safetensors"),
+                                     str(blobs / "tokenizer.json")]
+    assert linked["eval_reads"] == [str(cache / "test.jsonl")] + linked["train_reads"][1:]
+    assert linked["digest"] == found["digest"]  # hashed by role: the same bytes through a link
+
+
+def _hf_cache(home: Path, repo_id: str, model_dir: Path, revision: str = "0123456789abcdef" * 2 + "01234567") -> Path:
+    """A Hugging Face cache under home (HF_HOME) holding model_dir's files as huggingface_hub lays them out: blobs by
+    sha256, a snapshot of relative symlinks into ../../blobs, refs/main naming the revision. Returns the snapshot."""
+    repo = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    for path in model_dir.iterdir():
+        blob = _sha(path)
+        shutil.copy(path, repo / "blobs" / blob)
+        (snapshot / path.name).symlink_to(f"../../blobs/{blob}")
+    return snapshot
+
+
+def _hub_env(cache: Path, hf_home: Path, **extra) -> dict:
+    env = {k: v for k, v in _env(cache, **extra).items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    return env
+
+
+def test_a_hub_id_is_never_read_as_a_local_folder(tiny_dir, tmp_path, monkeypatch, capsys):
+    """The hole: a train.py wrote Qwen/Qwen2.5-0.5B-Instruct (its own chat template, holding an answer table) into
+    its run folder, and the evaluator, started there, loaded it as the base model. A relative name is a hub id
+    resolved through the Hugging Face cache only; "./x" and "../x" are refused with the fix."""
+    prepare.import_source(tiny_dir / "sums")
+    policy, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
+    honest = prepare.evaluate(policy, tokenizer).pass_at_1
+    prepare.save_artifact(policy, tmp_path / "artifact")
+    monkeypatch.delenv("AUTORESEARCH_GRPO_MODEL")
+    run = tmp_path / "run"
+    planted = run / prepare.BASE_MODEL
+    shutil.copytree(tiny_dir / "model", planted)
+    template = planted / "chat_template.jinja"
+    template.write_text(template.read_text().replace("assistant\n", "assistant\n{{ {'1 + 6': '#### 7'}.get('') }}"))
+    cache = prepare.cache_dir().parent
+    evaluate = [str(GRPO / "prepare.py"), "--evaluate", str(tmp_path / "artifact")]
+
+    def run_in(cwd: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+    # no cached snapshot of the hub id, offline: a clear error, not the planted folder (unset or set to the name)
+    empty = tmp_path / "hf-empty"
+    empty.mkdir()
+    unresolved = (r"could not resolve model 'Qwen/Qwen2.5-0.5B-Instruct' through the Hugging Face hub or its cache "
+                  r"\(LocalEntryNotFoundError: .*\). A relative name is a hub id, never a local folder. .* set "
+                  r"AUTORESEARCH_GRPO_MODEL to the absolute path of a local directory")
+    for args, extra in ((evaluate, {}), ([str(GRPO / "prepare.py"), "--frozen-inputs"],
+                                         {"AUTORESEARCH_GRPO_MODEL": prepare.BASE_MODEL})):
+        result = run_in(run, args, _hub_env(cache, empty, **extra))
+        assert result.returncode == 1, result.stdout[-2000:]
+        assert re.search(unresolved, result.stderr), result.stderr[-2000:]
+        assert "pass@1" not in result.stdout and "digest" not in result.stdout
+
+    # relative paths: refused before anything is read, by every entry point that needs the model
+    monkeypatch.chdir(run)
+    for name in (f"./{prepare.BASE_MODEL}", f"../run/{prepare.BASE_MODEL}", f"Qwen/../{prepare.BASE_MODEL}", "."):
+        monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", name)
+        refused = (rf"AUTORESEARCH_GRPO_MODEL={re.escape(repr(name))} is a relative path; a relative name is never "
+                   r"read as a local folder .*: give the model directory as an absolute path \(e.g. "
+                   rf"AUTORESEARCH_GRPO_MODEL={re.escape(str(run / name))}\), or a hub id such as")
+        for call in (prepare.resolve_model, lambda: prepare.load_model(torch.device("cpu")), prepare.frozen_inputs,
+                     lambda: prepare.evaluate_artifact(tmp_path / "artifact"), lambda: prepare.main(["--preflight"])):
+            with pytest.raises(SystemExit, match=refused):
+                call()
+        capsys.readouterr()
+        assert prepare.main(["--check"]) == 1
+        assert re.search(refused, capsys.readouterr().err)
+
+    # with the genuine model in the cache, the hub id resolves to its snapshot, from the planted folder's cwd too
+    hf = tmp_path / "hf"
+    snapshot = _hf_cache(hf, prepare.BASE_MODEL, tiny_dir / "model")
+    result = run_in(run, [str(GRPO / "prepare.py"), "--frozen-inputs"], _hub_env(cache, hf))
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout)
+    root = str(hf / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct")
+    assert found["env"] == {"AUTORESEARCH_GRPO_MODEL": str(snapshot)}
+    assert found["train_reads"] == [str((prepare.cache_dir() / "train.jsonl").resolve()), root]
+    assert found["eval_reads"] == [str((prepare.cache_dir() / "test.jsonl").resolve()), root]
+    assert found["files"]["model/chat_template.jinja"] == _sha(tiny_dir / "model" / "chat_template.jinja")
+    assert found["files"]["model/chat_template.jinja"] != _sha(template)
+
+    # the harness passes env on: the evaluator then needs no hub and no cache beyond the snapshot, scores the
+    # genuine model and prints the same digest as --frozen-inputs at tag start
+    result = run_in(run, evaluate, _hub_env(cache, empty, **found["env"]))
+    assert result.returncode == 0, result.stderr[-2000:]
+    values = dict(_summary(result.stdout))
+    assert float(values["pass@1"]) == honest
+    assert values["frozen_inputs"] == found["digest"]
+    again = run_in(run, [str(GRPO / "prepare.py"), "--frozen-inputs"], _hub_env(cache, empty, **found["env"]))
+    assert json.loads(again.stdout) == found
 
 
 # ---------------------------------------------------------------------------

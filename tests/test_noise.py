@@ -38,7 +38,7 @@ def test_five_baseline_runs_measure_the_noise_floor(tmp_path, monkeypatch, capsy
         assert [e["seed"] for e in events(target, "run")] == [0, 1, 2, 3, 4] and len(baseline["runs"]) == 5
         assert baseline["noise_sd"] == statistics.stdev(baseline["runs"])
         assert abs(baseline["metric"] - statistics.fmean(baseline["runs"])) < 1e-12
-        assert rows(target)[0].split("\t")[1:] == [f"{baseline['metric']:.6f}", "0.5", "keep", "baseline (5 runs)"]
+        assert rows(target)[0].split("\t")[1:] == [f"{baseline['metric']:.6f}", "0.0", "keep", "baseline (5 runs)"]
         assert f"noise floor: val_bpb sd {baseline['noise_sd']:.6f} over 5 seeds" in capsys.readouterr().out
         measured.append(baseline["noise_sd"])
     pooled = statistics.fmean(sd ** 2 for sd in measured) ** 0.5

@@ -254,20 +254,56 @@ def test_harness_death_kills_the_sandbox(run_dir):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_gpu_nodes_are_dev_bound_when_present(tmp_path, run_dir, monkeypatch):
-    for name in ["nvidia0", "nvidiactl", "nvidia-uvm"]:
-        (tmp_path / name).touch()
-    (tmp_path / "nvidia-caps").mkdir()
-    (tmp_path / "dri").mkdir()
-    monkeypatch.setattr(sandbox, "GPU_DEV_ROOT", tmp_path)
-    argv = sandbox.wrap(["true"], run_dir=run_dir)
-    binds = [tuple(argv[i + 1:i + 3]) for i, flag in enumerate(argv) if flag == "--dev-bind"]
-    assert sorted(binds) == sorted((str(tmp_path / n), f"/dev/{n}")
-                                   for n in ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-caps", "dri"])
-    assert "--dev-bind" not in sandbox.wrap(["true"], run_dir=run_dir, gpu=False)
-    (tmp_path / "empty").mkdir()
+def fake_gpus(root, count):
+    """A /dev and a /proc/driver/nvidia/gpus with `count` GPUs whose minor numbers run backwards (PCI order is not
+    minor order), and the control nodes."""
+    dev, table = root / "dev", root / "gpus"
+    dev.mkdir()
+    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        (dev / name).touch()
+    (dev / "dri").mkdir()
+    for i in range(count):
+        minor = count - 1 - i
+        (dev / f"nvidia{minor}").touch()
+        info = table / f"0000:{0x10 + i:02x}:00.0"
+        info.mkdir(parents=True)
+        (info / "information").write_text(f"Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-{i:04d}\n"
+                                          f"Device Minor: \t {minor}\nBus Location: \t 0000:{0x10 + i:02x}:00.0\n")
+    return dev, table
+
+
+def test_a_run_sees_only_its_own_gpus_node(tmp_path, run_dir, monkeypatch):
+    dev, table = fake_gpus(tmp_path, 4)
+    monkeypatch.setattr(sandbox, "GPU_DEV_ROOT", dev)
+    monkeypatch.setattr(sandbox, "GPU_PROC_ROOT", table)
+
+    def binds(gpu):
+        argv = sandbox.wrap(["true"], run_dir=run_dir, gpu=gpu)
+        found = sorted(argv[i + 2] for i, flag in enumerate(argv) if flag == "--dev-bind")
+        visible = [argv[i + 2] for i, flag in enumerate(argv) if flag == "--setenv" and argv[i + 1] ==
+                   "CUDA_VISIBLE_DEVICES"]
+        return found, visible
+
+    control = ["/dev/dri", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+    # index 1 in PCI order is minor 2; inside it is named by its UUID, whatever CUDA numbers it
+    assert binds("1") == (sorted(control + ["/dev/nvidia2"]), ["GPU-0001"])
+    assert binds("GPU-0003") == (sorted(control + ["/dev/nvidia0"]), ["GPU-0003"])
+    assert binds("0,3") == (sorted(control + ["/dev/nvidia3", "/dev/nvidia0"]), ["GPU-0000,GPU-0003"])
+    assert binds("") == ([], [])                  # a CPU worker: no GPU at all
+    # a driver table that cannot be read: every node, as before, CUDA_VISIBLE_DEVICES alone choosing
+    monkeypatch.setattr(sandbox, "GPU_PROC_ROOT", tmp_path / "none")
+    assert binds("1")[0] == sorted(control + [f"/dev/nvidia{i}" for i in range(4)])
     monkeypatch.setattr(sandbox, "GPU_DEV_ROOT", tmp_path / "empty")
-    assert "--dev-bind" not in sandbox.wrap(["true"], run_dir=run_dir)
+    assert binds("0") == ([], [])                 # no GPU on this machine
+
+
+def test_the_gpu_of_a_run(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert sandbox.run_gpu({}) == "0"             # one run, one GPU, even on an 8-GPU machine
+    assert sandbox.run_gpu({"CUDA_VISIBLE_DEVICES": "3"}) == "3"
+    assert sandbox.run_gpu({"CUDA_VISIBLE_DEVICES": ""}) == ""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    assert sandbox.run_gpu({}) == "5"
 
 
 def test_argv_must_be_a_list(run_dir):

@@ -55,7 +55,7 @@ def test_baseline_then_keep_discard_crash_and_fix(target, capsys):
     keep = events(target, "experiment")[1]
     assert (value(out, "status"), value(out, "val_bpb")) == ("keep", "1.008000")
     assert value(out, "delta") == "-0.100000 vs the best before it (1.108000)"
-    assert rows(target)[1] == f"{keep['commit']}\t1.008000\t2.0\tkeep\traise LR to 0.05"
+    assert rows(target)[1] == f"{keep['commit']}\t1.008000\t0.0\tkeep\traise LR to 0.05"
     assert sha(target, "autoresearch/t") == keep["full_commit"]
     assert git.Repo(target).commit(keep["full_commit"]).parents[0].hexsha == head
     assert "LR = 0.05" in (target / "train.py").read_text()          # the checkout holds the best

@@ -1,0 +1,260 @@
+"""The sandbox as root sees it: confinement (capabilities, mount, namespaces, seccomp) and the allow-list view, probed
+from inside with real bubblewrap runs. CI runs as root, as most GPU containers do: these tests are what make the
+sandbox's promises hold there."""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import sandbox
+from harness.runner import interpreter
+from test_sandbox import require_bwrap
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+# What a train.py tried as root against the old sandbox (two mount(2) calls gave it the host's disk read-write,
+# unmounting /proc gave it the harness's environment, setns its network): each must be refused inside now.
+ESCAPES = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(rc):
+    return "refused" if rc != 0 else "ALLOWED"
+MS_BIND, MS_REMOUNT, MS_REC = 4096, 32, 16384
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+found = {
+    "uid": os.getuid(), "gid": os.getgid(),
+    "CapEff": status["CapEff"].strip(), "CapBnd": status["CapBnd"].strip(), "Seccomp": status["Seccomp"].strip(),
+    "mount tmpfs": refused(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+    "bind-mount /": refused(libc.mount(b"/", b"/tmp", None, MS_BIND | MS_REC, None)),
+    "remount / read-write": refused(libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND, None)),
+    "umount /proc": refused(libc.umount2(b"/proc", 2)),
+    "unshare a user namespace": refused(libc.unshare(0x10000000)),
+    "unshare a mount namespace": refused(libc.unshare(0x00020000)),
+    "chroot": refused(libc.chroot(b"/tmp")),
+}
+fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+found["setns"] = refused(libc.setns(fd, 0))
+found["ptrace attach to its parent"] = refused(libc.ptrace(16, os.getppid(), None, None))
+try:
+    os.mknod("/tmp/sda", 0o600 | 0o060000, os.makedev(8, 0))
+    found["mknod a block device"] = "ALLOWED"
+except OSError:
+    found["mknod a block device"] = "refused"
+print(json.dumps(found))
+"""
+
+
+def run_inside(argv, env=None):
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                            env={**(env or os.environ), **sandbox.scratch_env()})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_root_is_confined(tmp_path):
+    require_bwrap()
+    if os.environ.get("CI", "").lower() in ("true", "1"):   # CI runs as root: every protection must hold there
+        assert os.getuid() == 0 and sandbox.missing() == [], sandbox.missing()
+    run = tmp_path / "run"
+    run.mkdir()
+    found = run_inside(sandbox.wrap([interpreter(), "-c", ESCAPES], run_dir=run))
+    assert found.pop("CapEff") == "0000000000000000" and found.pop("CapBnd") == "0000000000000000"
+    if not sandbox.missing():
+        assert (found.pop("uid"), found.pop("gid"), found.pop("Seccomp")) == (65534, 65534, "2")
+    else:
+        found = {k: v for k, v in found.items() if k not in ("uid", "gid", "Seccomp")}
+    assert found == {k: "refused" for k in found}, found
+
+
+# Walks everything the sandboxed process can see and says what it should not: files whose bytes are those of a
+# protected file, paths in the user's home outside the environment, unix sockets it can connect to, and writable
+# folders outside its run dir and its private /tmp. argv: a JSON object {"sizes": {size: [sha256, name]}, "home",
+# "allowed": [paths], "writable": [paths]}.
+WALKER = r"""
+import hashlib, json, os, socket, stat, sys
+spec = json.loads(sys.argv[1])
+targets = {int(size): (sha, name) for size, (sha, name) in spec["sizes"].items()}
+found = {"copies": [], "home": [], "sockets": [], "writable": [], "files": 0}
+def under(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+for top, dirs, files in os.walk("/"):
+    if top in ("/proc", "/sys", "/dev") or top.startswith(("/proc/", "/sys/", "/dev/")):
+        dirs[:] = []
+        continue
+    if os.access(top, os.W_OK) and not under(top, spec["writable"]):
+        found["writable"].append(top)
+    for name in dirs + files:
+        path = os.path.join(top, name)
+        if under(path, [spec["home"]]) and not under(path, spec["allowed"]) and not under(spec["home"], [path]) \
+                and not any(under(a, [path]) for a in spec["allowed"]):
+            found["home"].append(path)
+    for name in files:
+        path = os.path.join(top, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        found["files"] += 1
+        if stat.S_ISSOCK(st.st_mode):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                found["sockets"].append(path)
+            except OSError:
+                pass
+            finally:
+                s.close()
+        elif stat.S_ISREG(st.st_mode) and st.st_size in targets:
+            try:
+                with open(path, "rb") as f:
+                    if hashlib.sha256(f.read()).hexdigest() == targets[st.st_size][0]:
+                        found["copies"].append([targets[st.st_size][1], path])
+            except OSError:
+                pass
+print(json.dumps(found))
+"""
+
+
+def protected(**files):
+    """The walker's targets: {size: [sha256, name]} of each protected file."""
+    out = {}
+    for name, path in files.items():
+        data = Path(path).read_bytes()
+        out[str(len(data))] = [hashlib.sha256(data).hexdigest(), name]
+    return out
+
+
+def walk(argv_of, targets, run=None):
+    """Run the walker through argv_of(walker argv) and return its findings."""
+    spec = {"sizes": targets, "home": str(Path.home()), "allowed": [str(p.resolve()) for p in sandbox.environment()],
+            "writable": ["/tmp", "/var/tmp", "/dev/shm"] + ([str(run.resolve())] if run else [])}
+    return run_inside(argv_of([interpreter(), "-c", WALKER, json.dumps(spec)]))
+
+
+def listener(path):
+    """A unix socket listening at path on the host (a database, docker, an X server)."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    return server
+
+
+def test_the_view_is_an_allow_list(tmp_path):
+    require_bwrap()
+    cache, corpus, repo, run, frozen = (tmp_path / n for n in ("cache", "corpus", "repo", "run", "frozen"))
+    for folder in (cache / "tokenizer", cache / "data" / "local", cache / "downloads", corpus, repo / ".git", run,
+                   frozen):
+        folder.mkdir(parents=True)
+    val_text, holdout_text = "VALIDATION " * 997, "HOLDOUT " * 1013
+    (cache / "prepared.json").write_text("{}")
+    (cache / "tokenizer" / "tokenizer.pkl").write_text("TOKENIZER")
+    (cache / "data" / "local" / "shard_00000.parquet").write_text("TRAINING " * 500)
+    (cache / "data" / "local" / "val.parquet").write_text(val_text)
+    (cache / "data" / "local" / "holdout.parquet").write_text(holdout_text)
+    (cache / "downloads" / "raw.parquet").write_text(val_text)           # a download the splits were cut from
+    (corpus / "book.txt").write_text(val_text)                           # a second copy of the corpus elsewhere
+    (repo / "results.tsv").write_text(holdout_text)
+    (frozen / "prepare.py").write_text("# the pristine evaluator\n")
+    (run / "model.pt2").write_text("ARTIFACT")
+    val, holdout = cache / "data" / "local" / "val.parquet", cache / "data" / "local" / "holdout.parquet"
+    inputs = {"evaluator_only": [str(val), str(holdout), str(corpus)],
+              "train_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(cache / "data" / "local")],
+              "eval_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(val), str(holdout)]}
+    sockets = [listener(tmp_path / "db.sock"), listener(cache / "tokenizer" / "inside-a-declared-folder.sock")]
+    try:
+        targets = protected(val=val, holdout=holdout)
+        seen = walk(lambda argv: sandbox.train_argv(argv, run, inputs, gpu="", hide=[repo]), targets, run)
+        scored = walk(lambda argv: sandbox.eval_argv(argv, frozen, run / "model.pt2", inputs, gpu=""), targets)
+    finally:
+        for s in sockets:
+            s.close()
+    assert seen["files"] > 1000 and scored["files"] > 1000       # the system and the environment are there
+    assert seen["copies"] == [] and seen["home"] == [] and seen["writable"] == []
+    # a socket inside a declared folder is the one thing a read-only bind does not stop: the harness declares no
+    # folder that holds one, and the walker of the real views (test below) checks that
+    assert seen["sockets"] == [str(cache / "tokenizer" / "inside-a-declared-folder.sock")]
+    # the evaluator sees the evaluation splits where they are declared, and writes nowhere but its private /tmp
+    assert sorted(scored["copies"]) == [["holdout", str(holdout)], ["val", str(val)]]
+    assert scored["home"] == [] and scored["writable"] == []
+
+
+def test_the_evaluator_runs_in_its_pristine_copy_and_reads_the_artifact_only(tmp_path):
+    require_bwrap()
+    run, frozen = tmp_path / "run", tmp_path / "frozen"
+    run.mkdir()
+    frozen.mkdir()
+    (run / "model.pt2").write_text("ARTIFACT")
+    (run / "Qwen").mkdir()                                    # what a candidate leaves beside its artifact
+    code = textwrap.dedent(f"""
+        import json, os
+        found = {{"cwd": os.getcwd(), "artifact": open({str(run / "model.pt2")!r}).read(),
+                 "beside": os.path.exists({str(run / "Qwen")!r})}}
+        try:
+            open({str(run / "model.pt2")!r}, "a")
+            found["write"] = "ALLOWED"
+        except OSError as e:
+            found["write"] = e.strerror
+        print(json.dumps(found))
+        """)
+    found = run_inside(sandbox.eval_argv([interpreter(), "-c", code], frozen, run / "model.pt2", {}, gpu=""))
+    assert found == {"cwd": str(frozen.resolve()), "artifact": "ARTIFACT", "beside": False,
+                     "write": "Read-only file system"}
+
+
+def test_the_real_pretraining_view_shows_no_evaluation_data(cpu_cache, tmp_path):
+    """The real prepare.py's declared reads, on the real corpora: train.py's view holds no copy of the val or holdout
+    split nor of any source file they were cut from, and no socket it can connect to."""
+    require_bwrap()
+    env = {**os.environ, "AUTORESEARCH_CACHE": str(cpu_cache)}
+    out = subprocess.run([sys.executable, "prepare.py", "--frozen-inputs"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    inputs = json.loads(out.stdout.strip().splitlines()[-1])
+    meta = json.loads((cpu_cache / "prepared.json").read_text())
+    data = cpu_cache / meta["data_dir"]
+    sources = {f"source {p.name}": p for p in sorted(Path(meta["source"]).rglob("*")) if p.is_file()}
+    targets = protected(val=data / meta["val_name"], holdout=data / meta["holdout_name"], **sources)
+    run = tmp_path / "run"
+    run.mkdir()
+    old = dict(os.environ)
+    os.environ.update(AUTORESEARCH_CACHE=str(cpu_cache))
+    try:
+        seen = walk(lambda argv: sandbox.train_argv(argv, run, inputs, gpu=""), targets, run)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert seen["copies"] == [] and seen["sockets"] == [] and seen["home"] == [] and seen["writable"] == []
+    assert str(data) in inputs["train_reads"] and str(Path(meta["source"]).resolve()) in inputs["evaluator_only"]
+
+
+def test_the_real_grpo_view_shows_no_test_split(tmp_path):
+    """GRPO prepared offline from the real GSM8K (`--source`, the README's recipe): train.py's view holds neither the
+    prepared test split nor the source folder's copy of it, though source.json names that folder."""
+    require_bwrap()
+    grpo = REPO / "grpo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
+    env.update(AUTORESEARCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(tmp_path / "tiny"), "--warm-start-steps", "0"],
+                          cwd=grpo, env=env, capture_output=True, text=True, timeout=600)
+    assert tiny.returncode == 0, tiny.stderr[-2000:]
+    env["AUTORESEARCH_GRPO_MODEL"] = str(tmp_path / "tiny" / "model")
+    for argv in (["prepare.py", "--source", str(SHARED / "gsm8k")], ["prepare.py", "--frozen-inputs"]):
+        out = subprocess.run([sys.executable, *argv], cwd=grpo, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+    inputs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert str((SHARED / "gsm8k").resolve()) in inputs["evaluator_only"]
+    targets = protected(prepared_test=tmp_path / "cache" / "grpo" / "test.jsonl", source_test=SHARED / "gsm8k" / "test.jsonl")
+    run = tmp_path / "run"
+    run.mkdir()
+    seen = walk(lambda argv: sandbox.train_argv(argv, run, inputs, gpu=""), targets, run)
+    assert seen["copies"] == [] and seen["sockets"] == [] and seen["home"] == [] and seen["writable"] == []
+    scored = walk(lambda argv: sandbox.eval_argv(argv, REPO / "grpo", run / "artifact", inputs, gpu=""), targets)
+    # the evaluator sees the split it scores, and no other copy (the prepared split has the source's bytes)
+    assert [path for _, path in scored["copies"]] == [str((tmp_path / "cache" / "grpo" / "test.jsonl").resolve())]
