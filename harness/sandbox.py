@@ -23,8 +23,8 @@ that inside, as whoever runs the harness (root included), before any run counts 
     subprocess.Popen(argv, cwd=run, env={**os.environ, **scratch_env()}, start_new_session=True)
 """
 
-import atexit
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -48,15 +48,16 @@ PROTECTIONS = (
     "new terminal session: no TIOCSTI keystroke injection into the harness's terminal",
 )
 
-# The confinement probe()'s checks, each with the words that name it when it fails. The first two are required: a
-# sandbox in which root keeps a capability or may mount is no sandbox (the run could mount the host's disk).
+# The confinement probe()'s checks, each with the words that name it when it fails. REQUIRED: a sandbox in which root
+# keeps a capability, may mount or may write kernel settings is no sandbox (the host's disk, a program run as root).
 CONFINEMENT = {
     "capabilities": "every capability dropped (CapEff and the bounding set 0)",
     "mount": "mount(2) refused",
     "uid": "an unprivileged uid (nobody) in a user namespace of its own, with no further user namespaces",
     "seccomp": "a seccomp filter refusing mount, unshare, setns, ptrace, keyctl, bpf and the like (libseccomp)",
+    "proc": "kernel settings (/proc/sys) read-only",
 }
-REQUIRED = ("capabilities", "mount")
+REQUIRED = ("capabilities", "mount", "proc")
 
 # System calls a training run or an evaluation never needs and an escape does (refused with EPERM): mounting and
 # namespaces, tracing other processes, the kernel keyring (root's secrets), eBPF and perf, modules, handles that open
@@ -87,6 +88,10 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "g
        "lsb-release", "mime.types", "fonts", "locale.alias", "ssl/certs", "ssl/openssl.cnf", "ca-certificates.conf",
        "OpenCL", "vulkan", "glvnd", "nvidia")
 SYS = ("/sys/devices", "/sys/bus", "/sys/class", "/sys/dev", "/sys/module")   # hardware only (CPU count, GPUs, NUMA)
+# /proc entries made read-only on top of the sandbox's own procfs. As root the sandbox's uid maps to uid 0 outside, and
+# the kernel lets uid 0 write sysctls without a capability: /proc/sys/kernel/core_pattern set to a program would run
+# it as root outside the sandbox at the next crash (found by a hostile test). The rest write only with capabilities.
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "mtrr", "pressure", "acpi", "scsi")
 
 # Module constants, so that a test can point them at fake trees.
 GPU_DEV_ROOT = Path("/dev")
@@ -208,9 +213,11 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None
         else:
             # bwrap's --ro-bind mounts nodev, so the bound /dev/null cannot even be opened (EACCES).
             args += ["--ro-bind", "/dev/null", str(path)]
-    for named, real in sorted(links.items()):       # e.g. a data cache reached through a symlinked folder
-        if not any(named.is_relative_to(p) for p in mounts):
+    made = []
+    for named, real in sorted(links.items(), key=lambda item: len(item[0].parts)):   # e.g. a venv through a link
+        if not any(named.is_relative_to(p) for p in [*mounts, *made]):               # outer links cover inner ones
             args += ["--symlink", str(real), str(named)]
+            made.append(named)
     args += _gpu_binds(gpu)
     # tmpfs starts writable; made read-only last, once bwrap has created the mount points inside it. --remount-ro
     # is not recursive: what is bound inside stays as it was bound. The root last of all: nothing outside the run
@@ -260,9 +267,10 @@ def _system():
         elif path.exists():
             args += ["--ro-bind", str(path), str(path)]
     args += [arg for name in SYS if Path(name).exists() for arg in ("--ro-bind", name, name)]
-    return args + ["--dev", "/dev",              # a fresh minimal /dev with its own tmpfs /dev/shm
-                   "--proc", "/proc",            # a procfs of the new PID namespace: only the sandbox's own processes
-                   "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    args += ["--dev", "/dev",                    # a fresh minimal /dev with its own tmpfs /dev/shm
+             "--proc", "/proc"]                  # a procfs of the new PID namespace: only the sandbox's own processes
+    args += [a for name in PROC_READONLY if os.path.exists(f"/proc/{name}") for a in ("--ro-bind", *[f"/proc/{name}"] * 2)]
+    return args + ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
 
 
 def gpu_nodes(gpu):
@@ -326,13 +334,25 @@ def seccomp_filter():
         for flag in CLONE_NEW:
             rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-        fd, path = tempfile.mkstemp(prefix="autoresearch-seccomp-", suffix=".bpf")
-        with os.fdopen(fd, "wb") as out:
+        with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
+            out.seek(0)
+            program = out.read()
     except Exception:                           # no libseccomp (OSError / RuntimeError from ctypes), no pyseccomp
         return None
-    atexit.register(lambda: Path(path).unlink(missing_ok=True))
-    return Path(path)
+    # One file per filter, shared by every process (a killed one leaves nothing new behind); written beside and
+    # renamed, and rewritten when its bytes are not the filter's (rename replaces a planted link, not its target).
+    path = Path(tempfile.gettempdir()) / f"autoresearch-seccomp-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
+    try:
+        if path.is_symlink() or not path.is_file() or path.read_bytes() != program:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+            with os.fdopen(fd, "wb") as out:
+                out.write(program)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
 
 
 # What the probe runs inside: the confinement as the process sees it, as JSON.
@@ -344,6 +364,13 @@ found = {"capabilities": int(status["CapEff"], 16) == 0 and int(status["CapBnd"]
          "mount": libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) != 0,
          "seccomp": status.get("Seccomp", "0").strip() == "2"}
 found["uid"] = os.getuid() != 0 and os.getgid() != 0 and libc.unshare(0x10000000) != 0
+def writable(path):
+    try:
+        os.close(os.open(path, os.O_WRONLY))      # opened, never written
+        return True
+    except OSError:
+        return False
+found["proc"] = not any(writable(p) for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches"))
 print(json.dumps(found))
 """
 

@@ -43,6 +43,17 @@ found = {
 fd = os.open("/proc/self/ns/net", os.O_RDONLY)
 found["setns"] = refused(libc.setns(fd, 0))
 found["ptrace attach to its parent"] = refused(libc.ptrace(16, os.getppid(), None, None))
+# the kernel lets uid 0 write sysctls without a capability, and the sandbox's uid is 0 outside when root runs it:
+# core_pattern set to a program runs it as root outside at the next crash (found by a hostile test). Opened for
+# writing, never written.
+for setting in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"):
+    try:
+        os.close(os.open(setting, os.O_WRONLY))
+        found["open " + setting + " for writing"] = "ALLOWED"
+    except FileNotFoundError:
+        pass
+    except OSError:
+        found["open " + setting + " for writing"] = "refused"
 try:
     os.mknod("/tmp/sda", 0o600 | 0o060000, os.makedev(8, 0))
     found["mknod a block device"] = "ALLOWED"
@@ -85,6 +96,11 @@ targets = {int(size): (sha, name) for size, (sha, name) in spec["sizes"].items()
 found = {"copies": [], "home": [], "sockets": [], "writable": [], "files": 0}
 def under(path, roots):
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+for top, dirs, files in os.walk("/proc"):        # kernel settings: none writable (its own processes aside)
+    if top.split("/")[2:3] and (top.split("/")[2].isdigit() or top.split("/")[2] in ("self", "thread-self")):
+        dirs[:] = []
+        continue
+    found["writable"] += [os.path.join(top, f) for f in files if os.access(os.path.join(top, f), os.W_OK)]
 for top, dirs, files in os.walk("/"):
     if top in ("/proc", "/sys", "/dev") or top.startswith(("/proc/", "/sys/", "/dev/")):
         dirs[:] = []
@@ -258,3 +274,21 @@ def test_the_real_grpo_view_shows_no_test_split(tmp_path):
     scored = walk(lambda argv: sandbox.eval_argv(argv, REPO / "grpo", run / "artifact", inputs, gpu=""), targets)
     # the evaluator sees the split it scores, and no other copy (the prepared split has the source's bytes)
     assert [path for _, path in scored["copies"]] == [str((tmp_path / "cache" / "grpo" / "test.jsonl").resolve())]
+
+
+def test_an_environment_reached_through_a_symbolic_link_is_readable_there(tmp_path):
+    """A venv (or data cache) named through a link, with paths inside it named through the link too: the sandbox
+    makes the link and binds the real folder (before, bwrap failed to make the inner link and --sandbox auto turned
+    itself off)."""
+    require_bwrap()
+    real = tmp_path / "real-venv"
+    (real / "lib" / "site-packages").mkdir(parents=True)
+    (real / "lib" / "site-packages" / "marker.txt").write_text("found")
+    link = tmp_path / "checkout" / ".venv"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    run = tmp_path / "run"
+    run.mkdir()
+    code = f"import json; print(json.dumps(open({str(link / 'lib' / 'site-packages' / 'marker.txt')!r}).read()))"
+    argv = sandbox.wrap([interpreter(), "-c", code], run_dir=run, expose=[link, link / "lib" / "site-packages"])
+    assert run_inside(argv) == "found"

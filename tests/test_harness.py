@@ -84,3 +84,22 @@ def test_perturbations_follow_the_profile_branch():
     answers = [perturb(src, "grid", n, 0, "t", "small") for n in range(1, 7)]
     edits = [apply_answer(a, src)[1] for a in answers if "HEAD_DIM" in a.splitlines()[0]]
     assert edits and all(e.count("    HEAD_DIM = 64\n") == 1 and e.split("elif")[0] == src.split("elif")[0] for e in edits)
+
+
+def test_exports_ignore_replace_refs(tmp_path):
+    """A refs/replace/ ref swaps a blob's bytes for git's readers; the harness's exports (the pristine evaluator
+    among them) read the object itself. (Found by a hostile test: a replaced prepare.py scored every later run.)"""
+    import git
+    from harness import gitops
+    repo = git.Repo.init(tmp_path / "repo", initial_branch="main")
+    (tmp_path / "repo" / "prepare.py").write_text("HONEST = True\n")
+    (tmp_path / "repo" / "train.py").write_text("X = 1\n")
+    repo.index.add(["prepare.py", "train.py"])
+    commit = repo.index.commit("target").hexsha
+    (tmp_path / "evil.py").write_text("HONEST = False\n")
+    evil = repo.git.hash_object("-w", str(tmp_path / "evil.py"))
+    repo.git.replace(repo.git.rev_parse(f"{commit}:prepare.py"), evil)
+    assert repo.git.show(f"{commit}:prepare.py") == "HONEST = False"        # what plain git now shows
+    ours = gitops.open_repo(tmp_path / "repo")
+    dest = gitops.export_commit(ours, commit, "", tmp_path / "export")
+    assert (dest / "prepare.py").read_text() == "HONEST = True\n"
