@@ -313,3 +313,41 @@ def test_memory_in_the_records_is_measured_not_reported(target, mode):
     assert row[1:4] == ["1.108000", "0.3", "discard"]
     [event] = [e for e in events(target, "experiment") if e["n"] == 1]
     assert event["memory_gb"] == 0.3
+
+
+def confinement_here(monkeypatch, **failed):
+    """Make the sandbox's probe find these checks failing (as on a host where bwrap keeps root's capabilities, or
+    cannot make a user namespace), for this test."""
+    found = {**{k: True for k in sandbox.CONFINEMENT}, **failed}
+    monkeypatch.setattr(sandbox, "_attempt", lambda confine: (found, ""))
+    sandbox._probed.cache_clear()                                 # and again at the test's end (fresh_probe)
+
+
+@pytest.fixture
+def fresh_probe():
+    yield
+    sandbox._probed.cache_clear()
+
+
+def test_a_sandbox_that_does_not_confine_root_is_not_counted_as_one(target, monkeypatch, capsys, fresh_probe):
+    confinement_here(monkeypatch, capabilities=False)
+    assert "does not confine root here: every capability dropped" in sandbox.probe()
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0", "--sandbox",
+                     "bwrap") == 2
+    assert "--sandbox bwrap: the sandbox does not confine root here" in capsys.readouterr().err
+    assert not (target / "results.tsv").exists() or len(rows(target)) == 0
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0   # auto
+    out = capsys.readouterr().out
+    assert "sandbox: off (the sandbox does not confine root here" in out
+    assert events(target, "experiment")[0]["sandbox"] is False
+
+
+def test_a_missing_protection_is_named_and_refused_by_bwrap(target, monkeypatch, capsys, fresh_probe):
+    confinement_here(monkeypatch, uid=False)
+    assert sandbox.probe() is None and sandbox.missing() == [sandbox.CONFINEMENT["uid"]]
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0", "--sandbox",
+                     "bwrap") == 2
+    assert "missing here: an unprivileged uid (nobody)" in capsys.readouterr().err
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
+    assert "missing here: an unprivileged uid (nobody)" in capsys.readouterr().out
+    assert events(target, "experiment")[0]["sandbox"] is True

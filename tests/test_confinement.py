@@ -5,6 +5,8 @@ sandbox's promises hold there."""
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,6 +45,14 @@ found = {
 fd = os.open("/proc/self/ns/net", os.O_RDONLY)
 found["setns"] = refused(libc.setns(fd, 0))
 found["ptrace attach to its parent"] = refused(libc.ptrace(16, os.getppid(), None, None))
+# the harness's environment (the API keys): its processes are not in the sandbox's PID namespace
+leaked = []
+for entry in os.listdir("/proc"):
+    try:
+        leaked += [entry] if entry.isdigit() and b"sk-probe-" in open(f"/proc/{entry}/environ", "rb").read() else []
+    except OSError:
+        pass
+found["read the harness's environment"] = "ALLOWED" if leaked else "refused"
 # the kernel lets uid 0 write sysctls without a capability, and the sandbox's uid is 0 outside when root runs it:
 # core_pattern set to a program runs it as root outside at the next crash (found by a hostile test). Opened for
 # writing, never written.
@@ -63,6 +73,25 @@ print(json.dumps(found))
 """
 
 
+def opened_outside(argv, cwd, env, trace, allowed):
+    """Run argv under strace (every open, all threads and children) and return (the set of files it opened, those of
+    them outside `allowed`: paths, with the system's, the environment's and the private /tmp's added). Skips the
+    test where strace is missing (fails in CI, which installs it)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail("strace is not installed in CI (.ci/run installs it)")
+        pytest.skip("strace is not installed")
+    out = subprocess.run([strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace), *map(str, argv)],
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    opened = {Path(m.group(1)).resolve() for m in
+              re.finditer(r'open(?:at2?)?\((?:AT_FDCWD, |\d+, )?"([^"]+)".*\) = \d+', Path(trace).read_text())}
+    roots = [Path(p).resolve() for p in (*sandbox.SYSTEM, "/etc", "/proc", "/sys", "/dev", "/tmp")] + \
+        [p.resolve() for p in sandbox.environment()] + [Path(p).resolve() for p in allowed]
+    return opened, sorted(str(p) for p in opened if not any(p == r or p.is_relative_to(r) for r in roots))
+
+
 def run_inside(argv, env=None):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                             env={**(env or os.environ), **sandbox.scratch_env()})
@@ -70,13 +99,15 @@ def run_inside(argv, env=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_root_is_confined(tmp_path):
+def test_root_is_confined(tmp_path, monkeypatch):
     require_bwrap()
     if os.environ.get("CI", "").lower() in ("true", "1"):   # CI runs as root: every protection must hold there
         assert os.getuid() == 0 and sandbox.missing() == [], sandbox.missing()
     run = tmp_path / "run"
     run.mkdir()
-    found = run_inside(sandbox.wrap([interpreter(), "-c", ESCAPES], run_dir=run))
+    from harness.redact import clean_env
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-probe-DO-NOT-LEAK-0123456789")   # in the harness's environment only
+    found = run_inside(sandbox.wrap([interpreter(), "-c", ESCAPES], run_dir=run), env=clean_env())
     assert found.pop("CapEff") == "0000000000000000" and found.pop("CapBnd") == "0000000000000000"
     if not sandbox.missing():
         assert (found.pop("uid"), found.pop("gid"), found.pop("Seccomp")) == (65534, 65534, "2")

@@ -463,12 +463,7 @@ def test_the_evaluator_opens_nothing_but_its_declared_reads_and_the_artifact(cac
     """Traced with strace: every file `prepare.py --evaluate` opens is the system's, the Python environment's, its
     own pristine copy's, one of --frozen-inputs' eval_reads, or the artifact (so the sandbox's view of the evaluator,
     which shows exactly these, is complete, and the digest covers what decides the score)."""
-    strace = shutil.which("strace")
-    if strace is None:
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail("strace is not installed in CI (.ci/run installs it)")
-        pytest.skip("strace is not installed")
-    from harness import sandbox
+    from test_confinement import opened_outside
     frozen = tmp_path / "frozen"
     frozen.mkdir()
     shutil.copy(REPO / "prepare.py", frozen / "prepare.py")
@@ -476,17 +471,9 @@ def test_the_evaluator_opens_nothing_but_its_declared_reads_and_the_artifact(cac
     env = {**os.environ, "AUTORESEARCH_CACHE": str(cache.root)}
     inputs = json.loads(subprocess.run([sys.executable, "prepare.py", "--frozen-inputs"], cwd=frozen, env=env,
                                        capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1])
-    trace = tmp_path / "trace"
-    out = subprocess.run([strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace), sys.executable,
-                          "prepare.py", "--evaluate", str(tmp_path / "uniform.pt2"), "--device", "cpu"],
-                         cwd=frozen, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    opened = {Path(m.group(1)).resolve() for m in re.finditer(r'open(?:at2?)?\((?:AT_FDCWD, |\d+, )?"([^"]+)".*\) = \d+',
-                                                                trace.read_text())}
-    allowed = [Path(p).resolve() for p in (*sandbox.SYSTEM, "/etc", "/proc", "/sys", "/dev", "/tmp")] + \
-        [p.resolve() for p in sandbox.environment()] + [frozen.resolve(), (tmp_path / "uniform.pt2").resolve()] + \
-        [Path(p).resolve() for p in inputs["eval_reads"]]
-    outside = sorted(str(p) for p in opened if not any(p == a or p.is_relative_to(a) for a in allowed))
+    opened, outside = opened_outside([sys.executable, "prepare.py", "--evaluate", tmp_path / "uniform.pt2", "--device",
+                                      "cpu"], frozen, env, tmp_path / "trace",
+                                     [frozen, tmp_path / "uniform.pt2", *inputs["eval_reads"]])
     assert len(opened) > 100 and outside == []
     # what decides the score is in the digest: every data file it opened is one of the hashed roles (the holdout is
     # opened to hash it)

@@ -891,3 +891,21 @@ def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
     ]
     assert len(prepare.load_problems("test")) == 100  # the tiny sums replaced GSM8K in the recipe's cache
 
+
+
+def test_the_evaluator_opens_nothing_but_its_declared_reads_and_the_artifact(tiny_dir, tmp_path, monkeypatch):
+    """Traced with strace: `prepare.py --evaluate DIR` of the GRPO target opens only the system's, the environment's,
+    its pristine copy's files, --frozen-inputs' eval_reads (the test split, the base model) and the artifact."""
+    from test_confinement import opened_outside
+    prepare.import_source(tiny_dir / "sums")
+    policy, _ = _tiny_model(tiny_dir / "model", monkeypatch)
+    prepare.save_artifact(policy, tmp_path / "artifact")
+    inputs = prepare.frozen_inputs()
+    pristine = tmp_path / "frozen"
+    pristine.mkdir()
+    shutil.copy(GRPO / "prepare.py", pristine / "prepare.py")
+    env = _env(prepare.cache_dir().parent, tiny_dir / "model", **inputs["env"])
+    opened, outside = opened_outside([sys.executable, "prepare.py", "--evaluate", tmp_path / "artifact"], pristine, env,
+                                     tmp_path / "trace", [pristine, tmp_path / "artifact", *inputs["eval_reads"]])
+    assert len(opened) > 100 and outside == []
+    assert (prepare.cache_dir() / "test.jsonl").resolve() in opened and not (prepare.cache_dir() / "train.jsonl") in opened

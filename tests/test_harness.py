@@ -103,3 +103,31 @@ def test_exports_ignore_replace_refs(tmp_path):
     ours = gitops.open_repo(tmp_path / "repo")
     dest = gitops.export_commit(ours, commit, "", tmp_path / "export")
     assert (dest / "prepare.py").read_text() == "HONEST = True\n"
+
+
+def test_an_artifact_folder_must_hold_regular_files_only(tmp_path):
+    """GRPO's artifact is a folder of weights: a link, a second name of a file or a pipe anywhere in it is named;
+    lstat only, nothing followed."""
+    import os
+    from harness.runner import artifact_problem
+    good = tmp_path / "good"
+    (good / "sub").mkdir(parents=True)
+    (good / "model.safetensors").write_bytes(b"w")
+    (good / "sub" / "extra.json").write_text("{}")
+    assert artifact_problem(good) is None
+    for name, plant in [("link", lambda d: (d / "model.safetensors").symlink_to(tmp_path / "elsewhere")),
+                        ("linked folder", lambda d: (d / "sub").symlink_to(tmp_path, target_is_directory=True)),
+                        ("hard", lambda d: os.link(tmp_path / "elsewhere", d / "model.safetensors")),
+                        ("fifo", lambda d: os.mkfifo(d / "model.safetensors"))]:
+        (tmp_path / "elsewhere").write_bytes(b"better")
+        folder = tmp_path / name
+        folder.mkdir()
+        plant(folder)
+        problem = artifact_problem(folder)
+        assert problem is not None and problem.startswith(f"the model artifact {name} (")
+    assert "is a symbolic link" in artifact_problem(tmp_path / "link")
+    assert "has another name" in artifact_problem(tmp_path / "hard")
+    assert "not a regular file" in artifact_problem(tmp_path / "fifo")
+    (tmp_path / "top").symlink_to(good)
+    assert artifact_problem(tmp_path / "top").startswith("the model artifact top is a symbolic link")
+    assert artifact_problem(tmp_path / "missing") == "no model artifact missing"
