@@ -170,8 +170,9 @@ def artifact_problem(path):
     """None when the model artifact at path is only regular files (a file, or a folder of files and folders), each
     with no other name; else what is wrong, naming the artifact by its file name. The evaluator reads the artifact
     and nothing else the candidate controls: a symbolic link (to a better model beside it, or to any file the run
-    could see), a hard link (a second name of another file), a pipe, a socket or a device is never followed. Checks
-    with lstat, never following links."""
+    could see), a hard link (a second name of another file), a pipe, a socket or a device is never followed, and a
+    set-id bit (a root-owned program left in the harness's folders) is refused. Checks with lstat, never following
+    links."""
     name = Path(path).name
     if not os.path.lexists(path):
         return f"no model artifact {name}"
@@ -185,6 +186,9 @@ def artifact_problem(path):
         if stat.S_ISLNK(st.st_mode):
             return (f"the model artifact {name}{inside} is a symbolic link: the evaluator scores regular files only; "
                     "let the frozen evaluation write the artifact itself")
+        if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            return (f"the model artifact {name}{inside} has a set-user-id or set-group-id bit (a program that would "
+                    "run as the harness's user): an artifact is data")
         if stat.S_ISDIR(st.st_mode):
             continue
         if not stat.S_ISREG(st.st_mode):

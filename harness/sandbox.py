@@ -24,7 +24,6 @@ that inside, as whoever runs the harness (root included), before any run counts 
 """
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -92,6 +91,12 @@ SYS = ("/sys/devices", "/sys/bus", "/sys/class", "/sys/dev", "/sys/module")   # 
 # the kernel lets uid 0 write sysctls without a capability: /proc/sys/kernel/core_pattern set to a program would run
 # it as root outside the sandbox at the next crash (found by a hostile test). The rest write only with capabilities.
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "mtrr", "pressure", "acpi", "scsi")
+# Root-only files the sandbox's uid 0 could still read: physical page maps (side channels), kernel internals, keys.
+PROC_MASKED = ("kpageflags", "kpagecount", "kpagecgroup", "kcore", "kmsg", "slabinfo", "timer_list", "sched_debug",
+               "pagetypeinfo", "vmallocinfo", "keys", "key-users", "latency_stats")
+# ... and /sys folders whose files act when read (zram's hot_add makes a block device) or are virtual devices a run
+# never needs.
+SYS_HIDDEN = ("/sys/class/zram-control", "/sys/devices/virtual/misc", "/sys/devices/virtual/zram-control")
 
 # Module constants, so that a test can point them at fake trees.
 GPU_DEV_ROOT = Path("/dev")
@@ -99,10 +104,11 @@ GPU_PROC_ROOT = Path("/proc/driver/nvidia/gpus")
 GPU_CONTROL = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps", "dri")
 NOBODY = 65534
 
-# Runs the real bwrap with the seccomp filter on an inherited descriptor: bwrap reads the filter only from a file
-# descriptor, and the argv stays a plain list (no shell). argv: FILTER_PATH BWRAP_ARGV..., "{seccomp}" -> the fd.
-_LAUNCH = ("import os,sys\nfd=os.open(sys.argv[1],os.O_RDONLY)\nos.set_inheritable(fd,True)\n"
-           "a=[str(fd) if x=='{seccomp}' else x for x in sys.argv[2:]]\nos.execv(a[0],a)\n")
+# Runs the real bwrap with the seccomp filter on an inherited pipe: bwrap reads the filter only from a file descriptor,
+# no file holds it (a file another user could swap), and the argv stays a plain list (no shell).
+# argv: FILTER_HEX BWRAP_ARGV..., where "{seccomp}" becomes the pipe's descriptor.
+_LAUNCH = ("import os,sys\nr,w=os.pipe()\nos.write(w,bytes.fromhex(sys.argv[1]))\nos.close(w)\n"
+           "os.set_inheritable(r,True)\na=[str(r) if x=='{seccomp}' else x for x in sys.argv[2:]]\nos.execv(a[0],a)\n")
 
 
 def credential_paths():
@@ -225,11 +231,11 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None
     for path in hidden_dirs:
         args += ["--remount-ro", str(path)]
     args += ["--remount-ro", "/", "--chdir", str(chdir or run_dir or "/"), "--", *map(str, argv)]
-    filter_path = seccomp_filter() if confine.get("seccomp", True) else None
-    if filter_path is None:
+    program = seccomp_filter() if confine.get("seccomp", True) else None
+    if program is None:
         return args
     at = args.index("--")
-    return [sys.executable, "-I", "-S", "-c", _LAUNCH, str(filter_path), shutil.which("bwrap") or "bwrap",
+    return [sys.executable, "-I", "-S", "-c", _LAUNCH, program.hex(), shutil.which("bwrap") or "bwrap",
             *args[1:at], "--seccomp", "{seccomp}", *args[at:]]
 
 
@@ -270,6 +276,8 @@ def _system():
     args += ["--dev", "/dev",                    # a fresh minimal /dev with its own tmpfs /dev/shm
              "--proc", "/proc"]                  # a procfs of the new PID namespace: only the sandbox's own processes
     args += [a for name in PROC_READONLY if os.path.exists(f"/proc/{name}") for a in ("--ro-bind", *[f"/proc/{name}"] * 2)]
+    args += [a for name in PROC_MASKED if os.path.exists(f"/proc/{name}") for a in ("--ro-bind", "/dev/null", f"/proc/{name}")]
+    args += [a for path in SYS_HIDDEN if os.path.isdir(path) for a in ("--tmpfs", path, "--remount-ro", path)]
     return args + ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
 
 
@@ -318,10 +326,10 @@ def _gpu_binds(gpu):
 
 @functools.cache
 def seccomp_filter():
-    """The path of the compiled seccomp filter (BPF for this machine's architecture: libseccomp resolves the names)
-    refusing SECCOMP_REFUSED with EPERM, clone() asking for a new namespace, and clone3 with ENOSYS (its flags lie in
-    memory a filter cannot read; the C library then falls back to clone). None where libseccomp or pyseccomp is
-    missing. Written once a process, removed at exit."""
+    """The compiled seccomp filter (BPF bytes for this machine's architecture: libseccomp resolves the names; a few
+    hundred bytes) refusing SECCOMP_REFUSED with EPERM, clone() asking for a new namespace, and clone3 with ENOSYS
+    (its flags lie in memory a filter cannot read; the C library then falls back to clone). None where libseccomp or
+    pyseccomp is missing. Made once a process; wrap hands it to bwrap through a pipe."""
     try:
         import errno
         import pyseccomp as sc
@@ -337,22 +345,9 @@ def seccomp_filter():
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
             out.seek(0)
-            program = out.read()
+            return out.read()
     except Exception:                           # no libseccomp (OSError / RuntimeError from ctypes), no pyseccomp
         return None
-    # One file per filter, shared by every process (a killed one leaves nothing new behind); written beside and
-    # renamed, and rewritten when its bytes are not the filter's (rename replaces a planted link, not its target).
-    path = Path(tempfile.gettempdir()) / f"autoresearch-seccomp-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
-    try:
-        if path.is_symlink() or not path.is_file() or path.read_bytes() != program:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-            with os.fdopen(fd, "wb") as out:
-                out.write(program)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-    except OSError:
-        return None
-    return path
 
 
 # What the probe runs inside: the confinement as the process sees it, as JSON.

@@ -328,6 +328,8 @@ def keep_artifact(s, n, path):
     saved = artifact_path(s.home, n, s.evaluation["artifact"])
     saved.parent.mkdir(parents=True, exist_ok=True)
     remove(saved)
+    for entry in [path, *(path.rglob("*") if path.is_dir() else [])]:   # checked: regular files and folders only
+        entry.chmod(0o755 if entry.is_dir() else 0o644)                  # nobody else writes the best's weights
     os.replace(path, saved)
 
 
@@ -576,6 +578,9 @@ def open_session(args):
                      if e.get("tag") == args.tag and e.get("event") == "synced"), None)
 
     owner.parent.mkdir(parents=True, exist_ok=True)
+    # yours alone: as root the sandbox's uid is root's outside, so what a run writes in runs/ (and leaves in an
+    # artifact) is root's; no other user of the machine may reach it
+    s.home.chmod(0o700)
     owner.write_text(s.target_rel)
 
     # 3. the frozen side: a pristine copy of the target, the sandbox, the frozen inputs' digest (and no run dir

@@ -301,6 +301,8 @@ def test_an_artifact_that_is_not_a_regular_file_is_rejected_and_the_tag_goes_on(
     assert found[2][1] == "1.008000" and found[2][3] == "keep"        # the next experiment runs and is kept
     saved = Path(git.Repo(target).git_dir) / "autoresearch" / "t" / "artifacts"
     assert sorted(p.name for p in saved.iterdir()) == ["0000-artifact", "0002-artifact"]   # pruned, nothing followed
+    # the tag's folder is its owner's alone, and a kept artifact is data nobody else may rewrite
+    assert saved.parent.stat().st_mode & 0o777 == 0o700 and (saved / "0002-artifact").stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)

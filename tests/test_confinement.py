@@ -64,6 +64,17 @@ for setting in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/p
         pass
     except OSError:
         found["open " + setting + " for writing"] = "refused"
+# root-only files the sandbox's uid 0 could read: physical page maps, kernel keys; zram's hot_add makes a block
+# device on the host when read (only its presence is looked at here)
+for secret in ("/proc/kpageflags", "/proc/keys"):
+    try:
+        open(secret, "rb").read(8)
+        found["read " + secret] = "ALLOWED"
+    except FileNotFoundError:
+        pass
+    except OSError:
+        found["read " + secret] = "refused"
+found["see /sys/class/zram-control"] = "ALLOWED" if os.path.exists("/sys/class/zram-control/hot_add") else "refused"
 try:
     os.mknod("/tmp/sda", 0o600 | 0o060000, os.makedev(8, 0))
     found["mknod a block device"] = "ALLOWED"
@@ -131,7 +142,12 @@ for top, dirs, files in os.walk("/proc"):        # kernel settings: none writabl
     if top.split("/")[2:3] and (top.split("/")[2].isdigit() or top.split("/")[2] in ("self", "thread-self")):
         dirs[:] = []
         continue
-    found["writable"] += [os.path.join(top, f) for f in files if os.access(os.path.join(top, f), os.W_OK)]
+    for f in files:
+        try:
+            os.close(os.open(os.path.join(top, f), os.O_WRONLY | os.O_NONBLOCK))   # opened, never written
+            found["writable"].append(os.path.join(top, f))
+        except OSError:
+            pass
 for top, dirs, files in os.walk("/"):
     if top in ("/proc", "/sys", "/dev") or top.startswith(("/proc/", "/sys/", "/dev/")):
         dirs[:] = []

@@ -128,6 +128,11 @@ def test_an_artifact_folder_must_hold_regular_files_only(tmp_path):
     assert "is a symbolic link" in artifact_problem(tmp_path / "link")
     assert "has another name" in artifact_problem(tmp_path / "hard")
     assert "not a regular file" in artifact_problem(tmp_path / "fifo")
+    setid = tmp_path / "setid"
+    setid.mkdir()
+    (setid / "rootid").write_bytes(b"\x7fELF")
+    (setid / "rootid").chmod(0o6755)                  # a root-owned program a run left for later (hostile test)
+    assert "has a set-user-id or set-group-id bit" in artifact_problem(setid)
     (tmp_path / "top").symlink_to(good)
     assert artifact_problem(tmp_path / "top").startswith("the model artifact top is a symbolic link")
     assert artifact_problem(tmp_path / "missing") == "no model artifact missing"
