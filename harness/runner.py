@@ -298,10 +298,10 @@ def become_subreaper():
 def children():
     """The pids whose parent is this process (read from /proc; empty where there is no /proc)."""
     found, me = set(), os.getpid()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.add(int(stat.parent.name))
+            if int(entry.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry.parent.name))
         except (OSError, IndexError, ValueError):
             pass
     return found

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
