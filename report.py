@@ -30,7 +30,8 @@ from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, e
                             load_results, read_events, rows_by_tag, select_tag)
 from harness.errors import SetupError
 from harness.gitops import harness_dir
-from harness.session import holdout_summary, pinned_env
+from harness.holdout import holdout_summary, pinned_env
+from harness.verdict import Rule
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -370,6 +371,16 @@ def noise_of(run):
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
+def rule_of(run, noise_sd, runs):
+    """The verdict rule the run's tag was judged by (harness.verdict.Rule), from its last "start" event's --confirm
+    and --margin; None without events or from before they were logged."""
+    starts = [e for e in run.events or [] if e.get("event") == "start" and "confirm" in e
+              and (run.tag is None or e.get("tag") == run.tag)]
+    if not starts:
+        return None
+    return Rule(run.goal, starts[-1]["confirm"], starts[-1]["margin"], noise_sd, runs)
+
+
 def throughput_of(run):
     """Lines on how busy the devices were, one per invocation of agent.py's loop on the run's tag (its last
     "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait. [] without
@@ -390,7 +401,7 @@ def throughput_of(run):
 
 
 def holdout_of(run):
-    """report.py --holdout: the holdout line of the run's tag (harness.session.holdout_summary), found through the
+    """report.py --holdout: the holdout line of the run's tag (harness.holdout.holdout_summary), found through the
     git repository holding results.tsv. ValueError when the run has no events (no tag to find its artifacts)."""
     if run.events is None or run.tag is None:
         raise ValueError("needs the run's events.jsonl (its tag names the saved artifacts)")
@@ -445,8 +456,9 @@ def main(argv=None):
     print(format_kept(kept_table(rows, run.goal), run.metric_name, runs))
     noise_sd, runs = noise_of(run)
     if noise_sd:
-        print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds); a keep had to beat the best by the "
-              "margin (2 x sd by default) over the mean of its runs")
+        print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds)")
+    if (rule := rule_of(run, noise_sd, runs)) is not None:
+        print(f"verdict      {rule.words(run.metric_name)} Margin {rule.margin:.6f} ({rule.source}).")
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))

@@ -187,9 +187,10 @@ def model_reads(model_dir: Path) -> list[str]:
 
 
 def time_budget() -> tuple[float, bool]:
-    """Training seconds and whether they come from AUTORESEARCH_TIME_BUDGET (a shortened smoke run).
+    """Training seconds and whether AUTORESEARCH_TIME_BUDGET changes them (a shortened smoke run), as prepare.py's
+    time_budget() and the harness (harness.target.effective_budget) read it: setting it to TIME_BUDGET changes nothing.
 
-    Raises SystemExit if the override is not a positive number.
+    Raises SystemExit if the override is not a positive, finite number.
     """
     raw = os.environ.get("AUTORESEARCH_TIME_BUDGET")
     if not raw:
@@ -199,8 +200,9 @@ def time_budget() -> tuple[float, bool]:
     except ValueError:
         seconds = -1.0
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise SystemExit(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive number of seconds; unset it or fix it")
-    return seconds, True
+        raise SystemExit(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a positive, finite number of seconds; unset it or "
+                         "fix it")
+    return seconds, seconds != TIME_BUDGET
 
 
 # ---------------------------------------------------------------------------

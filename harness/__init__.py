@@ -1,21 +1,34 @@
 """
 HARNESS package: everything agent.py's loop uses, one module per concern. agent.py holds only the loop and its
-rules; report.py reads the ledger through the same module agent.py writes it with.
+order; report.py reads the ledger through the same module agent.py writes it with. docs/architecture.md says which
+files a change touches.
 
-    errors     SetupError / Stop: how a problem reaches the user
-    target     what a target is: its frozen constants, the budget, prepare.py --check / --preflight
-    prompts    every word the LLM reads, and the history table
-    edits      DESCRIPTION + SEARCH/REPLACE answers -> a new train.py (the one path every proposer's answer takes)
-    proposers  who proposes: the LLM providers (retries, prices) and the random/grid perturbations, one signature
-    perturb    the random/grid perturbations of train.py's UPPER_CASE constants
-    gitops     git: the branch, candidate commits and refs, reset to the best commit, the repository lock
-    ledger     results.tsv and events.jsonl: the formats, writing, reading, resume facts
-    runner     run one commit's train.py with a timeout in its own process group, evaluate it separately -> Outcome
-    sandbox    the bubblewrap command line train.py runs in (read-only filesystem, hidden paths, no network)
-    guard      what a run may not change outside its run dir: checked around every run, the harness's own restored
-    redact     secrets: which environment variables never reach train.py, and their values out of every record
-    console    the live status line and printed lines
-    session    the state of one tag, rebuilt from git and the ledger on every start (setup and resume)
+    settings    argv -> one frozen Settings (the loop and `try`); the fixed rules MAX_REPAIRS, MAX_FIXES, BREAKER
+    session     one tag's state, rebuilt from git and the ledger on every start: open_session, a sequence of steps
+    checks      each refusal open_session makes (SetupError with the way out), one function each
+    ideas       proposing: waves, the repair loop, fixes, "already measured / in flight", the Backlog of ideas
+    experiment  one experiment's steps: commit, train (through a backend), judge, record(Result), keep
+    verdict     the keep/discard/crash rule (Rule, judge, Verdict) and its words for the prompt, `try` and report.py
+    backends    where a run goes: Backend.run(spec, watch) -> Outcome; Local here (cluster.RayBackend on Ray)
+    external    `agent.py try`: one experiment for Claude Code / Codex, and its verdict block
+    holdout     the model artifacts kept (baseline, best) and their holdout re-score (no git: report.py uses it)
+    runner      run one commit's train.py with a timeout in its own process group, evaluate it separately -> Outcome
+                (Outcome.kind: ok, crash, timeout, rejected, lost, node)
+    sandbox     the bubblewrap view train.py and the evaluator run in (allow-list, root confined, no network)
+    guard       what a run may not change outside its run dir: checked around every run
+    pool        the devices (--devices), the worker threads that run on them, throughput
+    cluster     the Ray side (--ray): connect, the task on a node, RayBackend
+    target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
+    prompts     every word the LLM reads, and the history table
+    edits       DESCRIPTION + SEARCH/REPLACE answers -> a new train.py (the one path every proposer's answer takes)
+    proposers   who proposes: the LLM providers (retries, prices, Spend) and random/grid, one signature
+    perturb     the random/grid perturbations of train.py's UPPER_CASE constants
+    gitops      git: the branch, candidate commits and refs, exports of a commit's blobs, notes, the repository lock
+    ledger      results.tsv and events.jsonl: the formats, writing, reading, resume facts, git note text
+    usage       a run's memory, measured by the harness (process tree RSS, NVML)
+    redact      secrets: which environment variables never reach train.py, and their values out of every record
+    console     the live status line and printed lines
+    errors      SetupError (exit 2) / Stop (exit 1): how a problem reaches the user
 
 No module here imports agent.py, prepare.py or train.py.
 """

@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import gitops, runner, sandbox
+from harness import runner, sandbox
 from harness.errors import SetupError
 from harness.pool import Device
+from harness.runner import Kind
 from harness.target import FROZEN
 
 CONNECT_TIMEOUT_S = 5.0         # --ray HOST:PORT must accept a TCP connection this fast
@@ -32,10 +33,11 @@ TICK_S = 1.0                    # how often the driver looks at a task in flight
 ARTIFACT_BACK_BYTES = 1 << 30   # a model artifact up to this size comes back to the driver (report.py --holdout)
 
 
-def connect(address, s):
+def connect(address, context):
     """Join the Ray cluster at address ("auto": the one `ray start` made on this machine; a Ray session this
-    process already opened is used as it is). Returns one Device per GPU of the cluster (per CPU when it has none).
-    Raises SetupError when Ray is missing or no cluster answers."""
+    process already opened is used as it is). Returns one Device per GPU of the cluster (per CPU when it has none),
+    each running through a RayBackend with `context` (see there). Raises SetupError when Ray is missing or no
+    cluster answers."""
     # workers get each run's files from us, never a copy of this checkout (Ray's `uv run` hook would ship it whole,
     # untracked files and all); Ray reads this when it is imported
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -62,7 +64,7 @@ def connect(address, s):
                              "~/.ray/auth_token") from None
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
-    backend = RayBackend(ray, gpus > 0)
+    backend = RayBackend(ray, gpus > 0, context)
     slots = gpus or cpus
     if slots < 1:
         raise SetupError(f"--ray {address}: the cluster has no GPU and no CPU to run on ({resources})")
@@ -78,65 +80,65 @@ def node_env():
 
 
 class RayBackend:
-    """Runs train_candidate's runs as Ray tasks: job() packs one (in the driver, under the session's lock),
-    run() submits it and waits (in the device's worker thread)."""
+    """A backend (harness.backends) whose runs are Ray tasks, one GPU each (one CPU on a cluster without GPUs).
+    context: what every task needs besides its Spec: the tag's --sandbox, --source and profile, and the paths to
+    hide on the nodes too (the driver's repository and git dir: the best's artifact, every log, the ledger; the
+    driver's machine can be a node)."""
 
-    def __init__(self, ray, gpus):
-        self.ray, self.gpus = ray, gpus
+    def __init__(self, ray, gpus, context):
+        self.ray, self.gpus, self.context = ray, gpus, context
         self.task = ray.remote(remote_run)
 
-    def job(self, s, run_dir, frozen_dir, env, log, n, commit):
-        """What a worker needs to run experiment n: the files, the settings, the environment (its artifact path is
-        the worker's own); and what the driver keeps (the session, the log path)."""
-        from harness.session import max_wall
-        payload = dict(files=read_tree(run_dir), frozen=read_tree(frozen_dir), metric=s.metric, timeout=s.timeout,
-                       env={k: v for k, v in env.items() if k != "AUTORESEARCH_ARTIFACT"},
-                       budget=s.budget if s.evaluation is not None else None, max_wall=max_wall(s) if n else None,
-                       evaluation=s.evaluation and {k: s.evaluation[k] for k in ("digest", "tolerance", "artifact")},
-                       sandbox=s.args.sandbox, source=s.args.source, profile=s.profile,
-                       # the driver's repository and git dir (the best's artifact, every log, the ledger): hidden on
-                       # the node too should a path of its view contain them (the driver's machine can be a node)
-                       hide=[s.repo.working_tree_dir, str(gitops.git_dir(s.repo))])
-        return dict(payload=payload, s=s, n=n, log=log, commit=commit)
+    def payload(self, spec):
+        """What a worker needs to run spec: the files, the settings, the environment (its artifact path is the
+        worker's own). Read here, in the device's thread: the run dir and the device's frozen copy are its alone."""
+        spec.fresh_frozen()
+        ev = spec.evaluation
+        payload = dict(files=read_tree(spec.run_dir), frozen=read_tree(spec.frozen_dir), metric=spec.metric,
+                       timeout=spec.timeout, env={k: v for k, v in spec.env.items() if k != "AUTORESEARCH_ARTIFACT"},
+                       budget=spec.budget, max_wall=spec.max_wall,
+                       evaluation=ev and {k: ev[k] for k in ("digest", "tolerance", "artifact")}, **self.context)
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
+        return payload
 
-    def run(self, job, device=None):
-        """Submit the job, wait for it (ticking the status line; Ctrl-C cancels it), retry once when the worker is
-        lost. Writes the run's log to job["log"]. Returns the runner's Outcome."""
-        ray, s, lost = self.ray, job["s"], []
-        for attempt in range(2):
+    def run(self, spec, watch):
+        """Submit the run, wait for it (ticking; Ctrl-C cancels it), retry once when the worker is lost. Writes the
+        run's log to spec.log. Returns the runner's Outcome (kind LOST after two lost workers)."""
+        ray, lost, payload = self.ray, [], self.payload(spec)
+        watch.started(None)
+        for retry in range(2):
             options = {"num_gpus": 1} if self.gpus else {"num_cpus": 1}
-            ref = self.task.options(max_retries=0, **options).remote(job["payload"])
+            ref = self.task.options(max_retries=0, **options).remote(payload)
             t0 = time.monotonic()
             try:
                 while not ray.wait([ref], timeout=TICK_S)[0]:
-                    s.tick(job["n"], time.monotonic() - t0, device)
+                    watch.tick(time.monotonic() - t0)
                 result = ray.get(ref)
             except BaseException as e:
                 if isinstance(e, ray.exceptions.RayTaskError):       # a bug in the task itself: a crash
-                    return crashed(job, f"crash: the Ray task failed: {str(e).splitlines()[0][:300]}")
+                    return crashed(spec, Kind.CRASH, f"crash: the Ray task failed: {str(e).splitlines()[0][:300]}")
                 if not isinstance(e, ray.exceptions.RayError):       # Ctrl-C, or the loop stopping
                     ray.cancel(ref, force=True)
                     raise
                 lost.append(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                s.log("worker_lost", n=job["n"], attempt=attempt, error=lost[-1])
+                watch.event("worker_lost", retry=retry, error=lost[-1])
                 continue
-            Path(job["log"]).write_bytes(result["log"])
-            s.log("remote", n=job["n"], node=result["node"], artifact_sha256=result["artifact_sha256"])
+            Path(spec.log).write_bytes(result["log"])
+            watch.event("remote", node=result["node"], artifact_sha256=result["artifact_sha256"])
             if result.get("artifact") is not None:            # kept like a local run's, for the holdout
-                from harness.session import keep_artifact
                 with tempfile.TemporaryDirectory() as scratch:
                     write_tree(result["artifact"], scratch)
-                    with s.lock:
-                        keep_artifact(s, job["n"], Path(scratch) / s.evaluation["artifact"])
-            result["outcome"].commit = job["commit"]
+                    watch.keep_artifact(Path(scratch) / spec.evaluation["artifact"])
+            result["outcome"].commit = spec.commit
             return result["outcome"]
-        return crashed(job, f"lost: the Ray worker was lost twice ({'; '.join(lost)})")
+        return crashed(spec, Kind.LOST, f"lost: the Ray worker was lost twice ({'; '.join(lost)})")
 
 
-def crashed(job, reason):
+def crashed(spec, kind, reason):
     """An Outcome with no metric for a run that never returned one; its log says why."""
-    Path(job["log"]).write_text(reason + "\n")
-    return runner.Outcome(commit=job["commit"], metric=None, memory_gb=0.0, seconds=0.0, reason=reason, log_tail=reason)
+    Path(spec.log).write_text(reason + "\n")
+    return runner.Outcome(commit=spec.commit, metric=None, memory_gb=0.0, seconds=0.0, log_tail=reason).fail(kind,
+                                                                                                          reason)
 
 
 def read_tree(folder):
@@ -173,8 +175,8 @@ def remote_run(payload):
         if sandboxed:
             env.update(sandbox.scratch_env())
         elif payload["sandbox"] == "bwrap":
-            return no_run(f"node: --sandbox bwrap, but bubblewrap does not work on node {socket.gethostname()}",
-                          node_log)
+            return no_run((Kind.NODE, f"node: --sandbox bwrap, but bubblewrap does not work on node "
+                                      f"{socket.gethostname()}"), node_log)
         env["AUTORESEARCH_ARTIFACT"] = str(artifact)
         evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
                                               tolerance=ev["tolerance"], own_required=not sandboxed,
@@ -196,11 +198,13 @@ def remote_run(payload):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def no_run(reason, log):
-    """remote_run's answer when the node could not run the candidate at all: the reason, at the end of the log."""
+def no_run(problem, log):
+    """remote_run's answer when the node could not run the candidate at all: (a Kind, the reason), the reason at the
+    end of the log."""
+    kind, reason = problem
     with open(log, "a") as out:
         out.write(reason + "\n")
-    return {"outcome": runner.Outcome("", None, 0.0, 0.0, reason, reason), "log": Path(log).read_bytes(),
+    return {"outcome": runner.Outcome("", None, 0.0, 0.0, log_tail=reason).fail(kind, reason), "log": Path(log).read_bytes(),
             "node": socket.gethostname(), "artifact_sha256": None, "artifact": None}
 
 
@@ -217,7 +221,7 @@ def node_wraps(sandboxed, run_dir, frozen, artifact, inputs, payload):
 
 def node_ready(frozen, payload, log):
     """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
-    default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem or "", the
+    default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem: (Kind, reason) or None, the
     node's frozen inputs: what the sandbox shows each process, None without a separate evaluation). Their output goes
     to log."""
     python = runner.interpreter()
@@ -229,17 +233,20 @@ def node_ready(frozen, payload, log):
             argv = [python, "prepare.py"] + (["--source", payload["source"]] if payload["source"] else []) + (
                 ["--profile", payload["profile"]] if payload["profile"] else [])   # the tag's, not the node's guess
             if subprocess.run(argv, cwd=frozen, stdout=out, stderr=subprocess.STDOUT).returncode:
-                return (f"node: no prepared data on node {socket.gethostname()} and prepare.py failed there (see the "
-                        "log): prepare it on every node (README, Ray), or give --source PATH valid on the nodes"), None
+                return (Kind.NODE, f"node: no prepared data on node {socket.gethostname()} and prepare.py failed "
+                        "there (see the log): prepare it on every node (docs/parallel.md), or give --source PATH valid "
+                        "on the nodes"), None
         if payload["evaluation"] is None:
-            return "", None
+            return None, None
         found = subprocess.run([python, "prepare.py", "--frozen-inputs"], cwd=frozen, capture_output=True, text=True,
                                env={**os.environ, **payload["env"]})      # the tag's pinned variables among them
     try:
         inputs = json.loads(found.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return f"node: prepare.py --frozen-inputs failed on node {socket.gethostname()}: {found.stderr[-300:]}", None
+        return (Kind.NODE, f"node: prepare.py --frozen-inputs failed on node {socket.gethostname()}: "
+                           f"{found.stderr[-300:]}"), None
     if inputs["digest"] != payload["evaluation"]["digest"]:
-        return (f"rejected: the frozen inputs on node {socket.gethostname()} (digest {inputs['digest'][:12]}) differ "
-                f"from the tag's ({payload['evaluation']['digest'][:12]}): other data or tokenizer there"), None
-    return "", inputs
+        return (Kind.REJECTED, f"rejected: the frozen inputs on node {socket.gethostname()} (digest "
+                f"{inputs['digest'][:12]}) differ from the tag's ({payload['evaluation']['digest'][:12]}): other data "
+                "or tokenizer there"), None
+    return None, inputs

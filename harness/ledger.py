@@ -3,8 +3,11 @@ HARNESS: the ledger. Owns the two record formats and every read and write of the
   results.tsv   karpathy's 5 columns, one row per experiment (commit, metric, memory_gb, status, description)
   events.jsonl  one JSON object per line: everything else (tokens and cost, timings, repairs, crash log tails)
 Events are the source of truth and are written first; a row is derived from its "experiment" event. agent.py
-writes through this module and report.py and analysis.ipynb read through it. Appends only: it never rewrites,
-truncates or deletes either file, and it never touches git.
+writes through this module and report.py and analysis.ipynb read through it. Appends, with two exceptions: a
+last line torn by a kill (no final newline, not a whole row or event) is cut off before the next append
+(repair_last_line, repair_results; the caller logs the fragment as a "torn_line" event), and when a tag starts or
+resumes after another, the rows of other tags move to results.<tag>.tsv and results.tsv is replaced atomically by
+the header and this tag's rows (keep_one_tag). No row an event accounts for is lost; it never touches git.
 
 Order of operations for experiment n, and what a restart after SIGKILL at each point finds and does:
   1. "candidate" event (with the blob sha of the new train.py), commit in the harness's stage worktree, candidate
@@ -60,6 +63,20 @@ def results_row(event):
     label = smoke_label(event["budget_s"]) if event.get("smoke") else ""
     return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
             f"{label}{event['description']}")
+
+
+def note_text(event, metric):
+    """The git note of an experiment's commit, from its "experiment" event: what `git log` shows under the idea."""
+    value = f"{metric} {event['metric']:.6f}" if event["status"] != "crash" else "no metric"
+    base = event.get("base_metric")
+    delta = (f" ({event['metric'] - base:+.6f} vs its base {event['base'][:7]} at {base:.6f})"
+             if base is not None and event["status"] != "crash" and event["n"] > 0 else "")
+    fixes = f", {event['fixes']} fix(es)" if event.get("fixes") else ""
+    runs = len(event.get("runs") or [0])
+    line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; {runs} "
+            f"run{'s' if runs > 1 else ''}{fixes}; "
+            f"memory {event['memory_gb']:.1f} GB; {event['wall_seconds']:.0f} s")
+    return line if event["status"] == "keep" else f"{line}\n{event['description']}"
 
 
 def append_line(path, line):
@@ -390,5 +407,5 @@ def tag_state(all_events, tag):
 
 
 def run_key(e):
-    """What pairs a "run" event with its "run_end": experiment, attempt, run index."""
-    return e.get("n"), e.get("attempt"), e.get("run", 0)
+    """What pairs a "run" event with its "run_end": experiment, fix number, run index."""
+    return e.get("n"), e.get("fix", e.get("attempt")), e.get("run", 0)   # "attempt": events before "fix"

@@ -14,9 +14,7 @@ NEAR_MISSES = 10                # the newest discards within the noise margin, l
 SYSTEM_PROMPT = """\
 You are an autonomous ML researcher. You improve a training script, train.py, one experiment at a time.
 Each experiment trains for a fixed time budget of {budget:g} seconds and is judged by {metric}
-({goal} is better), computed by the frozen evaluation in prepare.py. Runs are noisy (the seed of init and
-data order changes from run to run): an edit is kept only if it beats the best {metric} by more than a noise
-margin, confirmed by a second run with another seed; otherwise it is reverted. A train.py identical to one
+({goal} is better), computed by the frozen evaluation in prepare.py. {rule} A train.py identical to one
 already measured is refused. Only train.py may change: prepare.py and its evaluation are
 read-only, and train.py must not write to any file but its own outputs.
 

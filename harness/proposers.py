@@ -34,6 +34,26 @@ PRICES = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """What asking the proposer cost: tokens in and out, USD (at PRICES, per million tokens) and seconds waited on
+    it (retries included). Sums with +, differences with -; share(k) is one of k ideas' part of one answer."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usd: float = 0.0
+    llm_seconds: float = 0.0
+
+    def __add__(self, other):
+        return Spend(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __sub__(self, other):
+        return Spend(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def share(self, k):
+        """This spend split evenly over k ideas (k >= 1)."""
+        return Spend(*(v / k for v in dataclasses.astuple(self)))
+
+
 @dataclasses.dataclass
 class Reply:
     """One proposer answer with its accounting (tokens, USD, seconds including retries)."""
@@ -42,6 +62,11 @@ class Reply:
     output_tokens: int = 0
     cost_usd: float = 0.0
     seconds: float = 0.0
+
+    @property
+    def spend(self):
+        """Its accounting as a Spend."""
+        return Spend(self.input_tokens, self.output_tokens, self.cost_usd, self.seconds)
 
 
 @dataclasses.dataclass

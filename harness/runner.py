@@ -3,12 +3,13 @@ HARNESS: the runner. "Run this commit's train.py, give me an Outcome": starts [p
 holding the commit's files, in its own process group with a hard timeout, stdout+stderr to a log file, kills the
 whole group on timeout, on Ctrl-C and after the run (stray children), measures the run's memory itself (usage.py),
 checks that the frozen files are unchanged, and parses the summary block. It knows nothing of git or the ledger:
-callers pass callbacks for what happens around a run (logging the process group, the status line, restoring a frozen
-file). Other backends (a hermetic run dir,
-a sandbox, a pool of devices, a cluster) implement the same run(spec) -> Outcome.
+callers pass callbacks for what happens around a run (logging the process group, the status line). How a run ended
+is an Outcome's kind (Kind), set where its reason is written. harness.backends puts it behind Backend.run(spec,
+watch), next to the Ray cluster's.
 """
 
 import dataclasses
+import enum
 import hashlib
 import math
 import os
@@ -62,9 +63,25 @@ class RunSpec:
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
 
 
+class Kind(enum.Enum):
+    """How a run ended, set where its reason is written (Optuna's TrialState plays this part there)."""
+    OK = "ok"                   # a metric (or none because a verdict says so: see harness.verdict)
+    CRASH = "crash"             # train.py or its evaluation failed: a bug, which an LLM may be asked to fix
+    TIMEOUT = "timeout"         # killed at the hard timeout: a verdict on the idea, not a bug
+    REJECTED = "rejected"       # ran, but its result is not believed (tampering, budget, wall time, mismatch)
+    LOST = "lost"               # the Ray worker was lost: the cluster, not train.py
+    NODE = "node"               # the Ray node could not run it (no data there, no sandbox there)
+
+    @property
+    def fixable(self):
+        """Whether the run failed in a way a fix of train.py can mend (only a crash)."""
+        return self is Kind.CRASH
+
+
 @dataclasses.dataclass
 class Outcome:
-    """One training run of a candidate commit. metric is None when the run failed (reason says why)."""
+    """One training run of a candidate commit. metric is None when the run failed (kind and reason say how and
+    why)."""
     commit: str
     metric: float | None
     memory_gb: float                        # measured by the harness (usage.Peak) for a run with a metric, else 0.0
@@ -79,13 +96,20 @@ class Outcome:
     eval_seconds: float = 0.0
     reported_memory_gb: float = 0.0         # what the summary says (peak_vram_mb or peak_rss_mb): information only
     memory_source: str = ""                 # what memory_gb measured: "gpu" (NVML per process), "rss" (the tree's)
+    kind: Kind = Kind.OK
+    outside: list = dataclasses.field(default_factory=list)   # what the run changed outside its run dir (guard)
+
+    def fail(self, kind, reason):
+        """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
+        self.metric, self.kind, self.reason = None, kind, reason
+        return self
 
 
 def run(spec):
     """Train, check, evaluate. Returns an Outcome whose metric is the frozen evaluator's (or, without an
     Evaluation, train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing
-    the run. Rejections (reason "rejected: ...") are runs whose result is not believed; crashes are runs with no
-    result."""
+    the run. Rejections (Kind.REJECTED) are runs whose result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs
+    with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
@@ -96,19 +120,22 @@ def run(spec):
     outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
                       reported_memory_gb=reported_gb)
     if tampered:
-        outcome.reason = f"rejected: train.py modified {', '.join(tampered)}"
+        outcome.fail(Kind.REJECTED, f"rejected: train.py modified {', '.join(tampered)}")
     elif timed_out:
-        outcome.reason = f"timeout after {spec.timeout:.0f}s"
+        outcome.fail(Kind.TIMEOUT, f"timeout after {spec.timeout:.0f}s")
     elif rc != 0:
-        outcome.reason = f"exit code {rc}"
+        outcome.fail(Kind.CRASH, f"exit code {rc}")
     elif spec.budget is not None and not _same_budget(summary.get("time_budget_s"), spec.budget):
-        outcome.reason = (f"rejected: the summary says time_budget_s {summary.get('time_budget_s', '(missing)')}, "
-                          f"the harness's budget is {spec.budget:g}")
+        outcome.fail(Kind.REJECTED, (
+            f"rejected: the summary says time_budget_s {summary.get('time_budget_s', '(missing)')}, "
+            f"the harness's budget is {spec.budget:g}"))
     elif spec.max_wall is not None and seconds > spec.max_wall:
-        outcome.reason = (f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and "
-                          f"evaluation allowance ({spec.max_wall:.0f}s)")
+        outcome.fail(Kind.REJECTED, (
+            f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and "
+            f"evaluation allowance ({spec.max_wall:.0f}s)"))
     elif spec.evaluation is None:
         outcome.metric, outcome.reason = own, own_problem
+        outcome.kind = Kind.OK if own is not None else Kind.CRASH
     else:
         evaluate(spec, outcome)
     if outcome.metric is not None:          # karpathy's rows: a run without a result records 0.0
@@ -124,16 +151,17 @@ def evaluate(spec, outcome):
     the frozen inputs changed, or train.py's own number disagrees with the evaluator's beyond the tolerance."""
     ev = spec.evaluation
     if not os.path.lexists(ev.artifact):
-        outcome.reason = ("crash: no model artifact: train.py must hand its model to the frozen evaluation "
-                          "(evaluate_bpb / evaluate in prepare.py), which saves it for the separate evaluator")
+        outcome.fail(Kind.CRASH, "crash: no model artifact: train.py must hand its model to the frozen evaluation "
+                     "(evaluate_bpb / evaluate in prepare.py), which saves it for the separate evaluator")
         return
     problem = artifact_problem(ev.artifact)
     if problem:
-        outcome.reason = f"rejected: {problem}"
+        outcome.fail(Kind.REJECTED, f"rejected: {problem}")
         return
     if ev.own_required and outcome.own_metric is None:
-        outcome.reason = (f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
-                          "data (without the sandbox its own number is checked against the evaluator's)")
+        outcome.fail(Kind.REJECTED, (
+            f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
+            "data (without the sandbox its own number is checked against the evaluator's)"))
         return
     ev.setup()
     with open(spec.log, "ab") as log:
@@ -146,22 +174,25 @@ def evaluate(spec, outcome):
                                    append=True)
     outcome.eval_seconds = time.monotonic() - t0
     if timed_out or rc != 0:
-        outcome.reason = (f"evaluation failed ({'timeout' if timed_out else f'exit code {rc}'}): the artifact could "
-                          "not be loaded or scored; see the end of the log")
+        outcome.fail(Kind.CRASH, (
+            f"evaluation failed ({'timeout' if timed_out else f'exit code {rc}'}): the artifact could "
+            "not be loaded or scored; see the end of the log"))
         return
     with open(spec.log, "rb") as log:
         log.seek(offset)
         summary = parse_summary(log.read().decode("utf-8", errors="replace"))
     metric, _, problem = read_metric(summary, spec.metric)
     if metric is None:
-        outcome.reason = f"evaluation failed: {problem}"
+        outcome.fail(Kind.CRASH, f"evaluation failed: {problem}")
     elif ev.digest and summary.get("frozen_inputs") != ev.digest:
-        outcome.reason = (f"rejected: the frozen inputs changed (digest {summary.get('frozen_inputs', '(missing)')[:12]}"
-                          f", recorded {ev.digest[:12]}): prepare.py, the tokenizer or the evaluation data differ "
-                          "from when the tag started")
+        outcome.fail(Kind.REJECTED, (
+            f"rejected: the frozen inputs changed (digest {summary.get('frozen_inputs', '(missing)')[:12]}"
+            f", recorded {ev.digest[:12]}): prepare.py, the tokenizer or the evaluation data differ "
+            "from when the tag started"))
     elif outcome.own_metric is not None and abs(outcome.own_metric - metric) > ev.tolerance:
-        outcome.reason = (f"rejected: metric mismatch: train.py printed {spec.metric} {outcome.own_metric:.6f}, the "
-                          f"frozen evaluator measured {metric:.6f} (tolerance {ev.tolerance:g})")
+        outcome.fail(Kind.REJECTED, (
+            f"rejected: metric mismatch: train.py printed {spec.metric} {outcome.own_metric:.6f}, the "
+            f"frozen evaluator measured {metric:.6f} (tolerance {ev.tolerance:g})"))
     else:
         outcome.metric = metric
 

@@ -1,0 +1,124 @@
+"""
+HARNESS: the refusals of open_session, one named function each. Each raises SetupError (exit 2, nothing changed)
+with the way out when the tag, the ledger or your checkout is in a state agent.py will not touch: it never
+stashes, resets or deletes your work. Read-only: none of them writes anything.
+"""
+
+from harness import gitops, ledger
+from harness.errors import SetupError
+from harness.target import FROZEN
+
+
+def one_target(s):
+    """One tag, one target: the branch and the harness dir are per repository."""
+    owner = s.home / "target"
+    if owner.is_file() and owner.read_text() != s.target_rel:
+        raise SetupError(f"tag {s.settings.tag!r} belongs to the target {owner.read_text() or '(the repository root)'!r}"
+                         " of this repository; pick another --tag for this target")
+
+
+def one_budget(s):
+    """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
+    started = next((e.get("budget_s") for e in s.history if e.get("budget_s") is not None), s.budget)
+    if started != s.budget:
+        raise SetupError(f"tag {s.settings.tag!r} was measured with a {started:g} s budget and this run has "
+                         f"{s.budget:g} s: its numbers would not be comparable. Use the same budget "
+                         "(AUTORESEARCH_TIME_BUDGET) to resume it, or start a new --tag")
+
+
+def no_stray_rows(s, all_events):
+    """results.tsv holds agent.py's rows only: rows no event accounts for are never silently started over."""
+    _, strays = ledger.rows_by_tag(s.target / ledger.RESULTS, all_events)
+    if strays:
+        raise SetupError(f"{ledger.RESULTS} holds {len(strays)} row(s) that {ledger.EVENTS} does not account for "
+                         f"(the first: {strays[0][:80]!r}): written by hand, by an agent following program.md's manual "
+                         f"loop, or by an older agent.py. agent.py will not mix them with its own experiments or start "
+                         f"tag {s.settings.tag!r} over them. Move them aside, e.g. `mv {ledger.RESULTS} "
+                         "by-hand-results.tsv` (report.py reads that file too), then rerun")
+
+
+def committed_frozen(s, changed):
+    """The target's frozen files must be committed (their uncommitted edits would be silently ignored)."""
+    dirty = [rel for rel in changed if rel in s.frozen_rels]
+    if dirty:
+        raise SetupError(f"uncommitted changes to {', '.join(dirty)}: the experiments run committed code only, so "
+                         "these edits would be ignored (and the frozen files are never yours to edit). agent.py never "
+                         "stashes, resets or deletes your work: commit or stash them yourself, then rerun")
+
+
+def branch_not_checked_out(s):
+    """The ratchet branch moves by update-ref: no worktree may have it checked out."""
+    where = gitops.checked_out_in(s.repo, s.branch)
+    if where:
+        raise SetupError(f"{s.branch} is checked out in {', '.join(where)}; the agent moves that branch itself and "
+                         "never touches your checkout: `git switch -` (or any other branch) there, then rerun")
+
+
+def train_edit_not_ignored(s, changed, here, best_bytes, measured):
+    """The loop takes the best commit's train.py, so an uncommitted edit in your checkout would be ignored, unless it
+    is one this tag already measured (what `try` leaves there). here: your train.py's bytes; best_bytes: the best
+    commit's; measured: whether `here` is some experiment's train.py."""
+    if s.settings.command == "loop" and s.train_rel in changed and here != best_bytes and not measured:
+        raise SetupError(f"uncommitted changes to {s.train_rel}: the experiments run committed code only, so these "
+                         "edits would be ignored. agent.py never stashes, resets or deletes your work: commit or stash "
+                         "them yourself (or run them with `uv run agent.py try`), then rerun")
+
+
+def try_baseline_state(s, here, best, best_bytes, describe):
+    """`try`: a baseline first, and only once; the baseline measures the committed train.py."""
+    a, tag = s.settings, s.settings.tag
+    if a.command != "try":
+        return
+    if not a.baseline and not s.history:
+        raise SetupError(f"tag {tag!r} has no baseline yet: run `uv run agent.py try --tag {tag} --baseline` first")
+    if a.baseline and s.history:
+        raise SetupError(f"tag {tag!r} already has its baseline ({describe(s.history[0], s.metric)}): edit "
+                         f"train.py and run `uv run agent.py try --tag {tag} -m \"<idea>\"`")
+    if a.baseline and here != best_bytes:
+        raise SetupError(f"train.py in your checkout differs from the committed one ({best}), which the baseline "
+                         "measures: commit it first (then it is the baseline), or move it aside (`git stash`), then "
+                         "rerun")
+
+
+def branch_exists_for_history(s, kept):
+    """A tag with experiments needs its branch."""
+    if s.history and s.branch not in s.repo.heads:
+        raise SetupError(f"{ledger.EVENTS} has experiments for tag {s.settings.tag!r} but branch {s.branch} is gone; "
+                         f"restore it with `git branch {s.branch} {kept[-1]['full_commit']}` or pick a new --tag")
+
+
+def human_commits_leave_measured_files(s, tip):
+    """Commits a human added on top of the best (steering: program.md, notes) may stay only when they leave train.py
+    and the frozen files as measured."""
+    untouched = s.repo.is_ancestor(s.best_commit, tip) and not s.repo.git.diff(
+        "--name-only", s.best_commit, tip, "--", s.train_rel, *s.frozen_rels)
+    if not untouched:
+        raise SetupError(f"{s.branch} points at {tip[:7]}, which changes train.py or {', '.join(FROZEN)} after the "
+                         f"best commit {s.best_commit[:7]} (or does not descend from it), so its result is unknown; "
+                         f"move those commits elsewhere (e.g. `git branch -f {s.branch} {s.best_commit[:7]}` after "
+                         "saving them on another branch), or start a new --tag from them")
+
+
+def one_sandbox_rule(s):
+    """One sandbox rule per tag, like one budget."""
+    if s.history and s.history[0].get("sandbox") and s.wrap is None:
+        raise SetupError(f"tag {s.settings.tag!r} was measured inside the sandbox and this run would be without it "
+                         f"(--sandbox {s.settings.sandbox}): its numbers would not be held to the same rules. Run it "
+                         "with --sandbox auto or bwrap (bubblewrap installed), or start a new --tag")
+
+
+def sandbox_complete(settings, reason, lacking):
+    """--sandbox bwrap refuses to start without every protection."""
+    if settings.sandbox == "bwrap" and (reason or lacking):
+        raise SetupError(f"--sandbox bwrap: {reason or 'missing here: ' + '; '.join(lacking)}. Install bubblewrap "
+                         "(Debian/Ubuntu: apt install bubblewrap) where user namespaces work, or use --sandbox auto / "
+                         "off")
+
+
+def same_frozen_inputs(s, recorded, found):
+    """The frozen inputs (prepare.py, tokenizer, evaluation data, base model) must be the ones the tag started with."""
+    if recorded and recorded[0]["digest"] != found["digest"]:
+        raise SetupError(f"the frozen inputs changed since tag {s.settings.tag!r} started (digest "
+                         f"{found['digest'][:12]}, recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer, "
+                         "the evaluation data or the base model differ, so new results would not be comparable. "
+                         "Restore them, or start a new --tag")

@@ -1,0 +1,258 @@
+"""
+HARNESS: one experiment's steps on a tag's Session, for agent.py's loop and `agent.py try` alike: commit a candidate
+(in the harness's stage worktree, only train.py), train it (a fresh export of its commit, through the device's
+backend), judge it (harness.verdict, with its further runs), record the result (one event, one results.tsv row, one
+git note, one printed line), and keep it (the branch and the in-memory best move together, nowhere else). It never
+proposes (harness.ideas) and never decides the rule (harness.verdict).
+"""
+
+import dataclasses
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from harness import console, gitops, holdout, ledger, verdict
+from harness.backends import Local, Spec, Watch
+from harness.edits import clean_description
+from harness.errors import SetupError, Stop
+from harness.gitops import git_blob_sha
+from harness.proposers import Spend
+from harness.redact import redact
+from harness.runner import Kind
+from harness.session import RUN_LOG, export_frozen, locked
+from harness.settings import THREADS
+
+
+@locked
+def commit(s, n, source, message, fix=0, amend=None):
+    """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
+    (amend: the crashed candidate's sha, amended with fix number `fix` > 0). Only train.py is committed; hooks run
+    and a blocking one raises Stop. The message body names the tag and experiment, so two identical candidates never
+    share a commit. Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
+    s.log("candidate", n=n, fix=fix, parent=s.best_commit, blob=git_blob_sha(source.encode()), message=message)
+    stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
+    (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
+    body = f"{message}\n\nautoresearch: tag {s.settings.tag}, experiment {n}"
+    sha = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None)
+    if (s.repo.commit(sha).tree / s.train_rel).hexsha != git_blob_sha(source.encode()):
+        raise Stop(f"the candidate commit {sha[:7]} holds another train.py than the one proposed: a git filter "
+                   "(filter.*.clean in your git config, with a .gitattributes or info/attributes line) rewrote it; "
+                   "remove that filter, then rerun")
+    changed = s.repo.git.diff("--name-only", s.best_commit, sha).split()
+    if changed != [s.train_rel]:                     # a hook (or a planted one) added files to the commit
+        raise Stop(f"the candidate commit {sha[:7]} changes {', '.join(changed) or 'nothing'}, not only "
+                   f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
+                   "train.py only")
+    s.expect_ref(gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha))
+    s.log("commit", n=n, fix=fix, full_commit=sha)
+    return sha
+
+
+@locked
+def make_candidate_ref(s, n, sha):
+    """Keep commit sha reachable as experiment n's candidate ref (the baseline's is the branch start)."""
+    return gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha)
+
+
+class RunWatch(Watch):
+    """A run's talk back to the session: the "run" event once it started, the status line, its events, its
+    artifact kept (only the baseline's and the best's stay: see record)."""
+
+    def __init__(self, s, spec):
+        self.s, self.spec = s, spec
+
+    def started(self, pgid):
+        s, spec = self.s, self.spec
+        s.log("run", n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
+              timeout_s=spec.timeout, cwd=str(spec.run_dir), device=spec.device.name if spec.device else None,
+              sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off")
+
+    def tick(self, elapsed):
+        self.s.tick(self.spec.n, elapsed, self.spec.device)
+
+    def event(self, name, **fields):
+        self.s.log(name, n=self.spec.n, **fields)
+
+    def keep_artifact(self, path):
+        with self.s.lock:
+            holdout.keep_artifact(self.s.home, self.spec.n, self.s.evaluation["artifact"], path)
+
+
+def train(s, n, fix, sha, run=0, again=False, device=None):
+    """Run commit `sha` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
+    separate evaluation, the guard's check of everything outside the run dir, through the device's backend (this
+    machine: backends.Local; a Ray slot: its RayBackend); its log is kept in logs/ and copied to <target>/run.log.
+    Logs "run" and "run_end". run: the run's index among the repeated runs of one commit (baseline runs,
+    confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run) and a fixed AUTORESEARCH_THREADS. again: the
+    same run repeated (its throughput was off), logged apart. device: the harness.pool.Device it runs on; None: this
+    machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
+    name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-again" if again else "")
+    seed, run_dir = seed_of(n, run), s.home / "runs" / name
+    frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
+    env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
+           "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
+           "AUTORESEARCH_ARTIFACT": str(run_dir / ev.get("artifact", "artifact")),
+           **s.sandbox_env, **(device.env if device else {})}
+
+    def fresh_frozen():                              # a fresh pristine evaluator right before it runs
+        with s.lock:
+            export_frozen(s, frozen_dir)
+
+    spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, s.home / "logs" / f"{name}.log", env, s.metric,
+                s.timeout, s.budget if s.evaluation is not None else None, max_wall(s) if n else None,
+                s.evaluation, fresh_frozen, device)
+    with s.lock:
+        shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
+        gitops.export_commit(s.repo, sha, s.target_rel, run_dir)
+        spec.log.parent.mkdir(parents=True, exist_ok=True)
+    outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
+        spec, RunWatch(s, spec))
+    with s.lock:
+        if spec.log.exists():
+            shutil.copyfile(spec.log, s.target / RUN_LOG)
+        s.log("run_end", n=n, fix=fix, run=run, commit=sha[:7], returncode=outcome.returncode,
+              timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
+              kind=outcome.kind.value, metric=outcome.metric, own_metric=outcome.own_metric,
+              eval_seconds=round(outcome.eval_seconds, 3), frozen_tampered=outcome.tampered, outside=outcome.outside,
+              log=str(spec.log), log_tail=outcome.log_tail if outcome.metric is None else "",
+              device=device.name if device else None)
+    return outcome
+
+
+def judge(s, n, fix, first, base_metric, base_tps, device=None):
+    """verdict.judge on this candidate's first run against the best it was built on, its further runs trained here
+    (on `device`), each logged: a throughput repeat as a "rerun" event. Safe in a worker thread. Returns a Verdict."""
+    def run_again(run, again):
+        if again:
+            s.log("rerun", n=n, reason=verdict.throughput_off(verdict.tokens_per_sec(first), base_tps))
+            s.status(n, "throughput off: running it again")
+        else:
+            s.status(n, f"confirming: run {run + 1} of {s.rule.confirm + 1}")
+        return train(s, n, fix, first.commit, run=run, again=again, device=device)
+    return verdict.judge(first, run_again, s.rule, base_metric, base_tps)
+
+
+@dataclasses.dataclass
+class Result:
+    """A judged experiment, ready to record. outcome: its first run; judged: the Verdict; description: the idea (its
+    reason and run count are added); wall: seconds from its start on its device to its verdict; spend: what asking
+    for it (and its fixes) cost; base, base_metric: the best it was built on and judged against; fields: more of its
+    event (the proposal wave, a re-run's superseded experiment, the experiment a `try --fix` fixes)."""
+    n: int
+    outcome: object
+    judged: verdict.Verdict
+    description: str
+    wall: float
+    spend: Spend = Spend()
+    repairs: int = 0
+    fixes: int = 0
+    base: str | None = None
+    base_metric: float | None = None
+    noise_sd: float | None = None
+    reason: str | None = None           # replaces the verdict's and the run's reason (a superseded win)
+    fields: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def why(self):
+        """Why it was not kept as measured: the override, the verdict's (a further run crashed), or the run's."""
+        return self.reason if self.reason is not None else self.judged.reason or self.outcome.reason
+
+    @property
+    def kind(self):
+        """How it ended (a Kind): the failed further run's, else its first run's."""
+        return (self.judged.failed or self.outcome).kind
+
+
+@locked
+def record(s, result):
+    """Log the "experiment" event, then append the results.tsv row derived from it, add its git note, prune the
+    artifacts of everything but the baseline and the best, and print one line. Returns the event."""
+    r, outcome, status = result, result.outcome, result.judged.status
+    idea = redact(r.description)
+    description = f"{r.description} ({len(r.judged.runs)} runs)" if len(r.judged.runs) > 1 else r.description
+    if r.why:
+        description = clean_description(f"{description} ({r.why})")
+    description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
+    metric = r.judged.metric if status != "crash" else None
+    event = s.log("experiment", n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
+                  metric=metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
+                  memory_source=outcome.memory_source or None, reported_memory_gb=round(outcome.reported_memory_gb, 3),
+                  wall_seconds=round(r.wall, 3), train_seconds=round(outcome.seconds, 3),
+                  llm_seconds=round(r.spend.llm_seconds, 3), input_tokens=r.spend.input_tokens,
+                  output_tokens=r.spend.output_tokens, cost_usd=round(r.spend.usd, 6), proposer=s.settings.proposer,
+                  repairs=r.repairs, fixes=r.fixes, budget_s=s.budget, smoke=s.smoke,
+                  base=r.base or s.best_commit, base_metric=r.base_metric if r.base else s.best_metric,
+                  idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.wrap is not None,
+                  tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
+                  noise_sd=r.noise_sd, **r.fields)
+    gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
+    s.expect_ref(gitops.NOTES_REF)
+    ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
+    for snap in s.live:
+        snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
+    s.history.append(event)
+    best = r.n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
+    holdout.prune_artifacts(s.home, (0, best))
+    s.last = f"{status} {metric:.6f}" if metric is not None else status
+    shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
+    console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
+    return event
+
+
+@locked
+def keep(s, event):
+    """A kept experiment becomes the best: the branch moves to its commit (update-ref, old value checked) and the
+    session's best with it. The only place either moves after the start."""
+    gitops.advance_branch(s.repo, s.branch, event["full_commit"], s.best_commit)
+    s.expect_ref(f"refs/heads/{s.branch}")
+    s.best_commit, s.best_metric = event["full_commit"], event["metric"]
+
+
+def record_baseline(s, outcomes, t0, spend0):
+    """Experiment 0 from its runs (the unmodified train.py, --baseline-runs seeds): their mean is the first best,
+    their sd the noise floor (s.rule's). Raises Stop when a run crashed (nothing to improve on) or the cluster could
+    not run it."""
+    for outcome in outcomes:
+        if outcome.kind in (Kind.LOST, Kind.NODE):              # the cluster, not train.py
+            raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
+                       f"data (docs/parallel.md), then rerun the same command. Last lines of {RUN_LOG}:\n"
+                       f"{outcome.log_tail}")
+        if outcome.metric is None:
+            raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
+                       f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
+                       f"{outcome.log_tail}")
+    runs = tuple(outcome.metric for outcome in outcomes)
+    noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
+    judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
+    record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd))
+    s.best_metric = s.baseline_metric = s.history[-1]["metric"]
+    s.rule = dataclasses.replace(s.rule, noise_sd=noise_sd, noise_runs=len(runs))
+    if noise_sd is not None:
+        console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; a candidate must beat the "
+                    f"best by {s.rule.margin:.6f} ({s.rule.source})")
+
+
+def seed_of(n, run):
+    """The seed of run `run` of experiment n: distinct for every run of a tag, so that repeated runs measure the
+    spread that init and data order cause (the noise floor), and the same on a resume."""
+    return 1000 * n + run
+
+
+def max_wall(s):
+    """Seconds of train.py wall time allowed: the budget plus an allowance for start-up, export and evaluation
+    measured on the baseline: 1.5 x (baseline wall time - budget) x K + 2 % of the budget + 5 s, where K is the
+    number of CPU workers sharing this machine (--devices cpu:K: K runs import and compile at once; else 1). None
+    before the baseline is measured."""
+    if not s.history:
+        return None
+    overhead = max(0.0, s.history[0]["train_seconds"] - s.budget)
+    return s.budget + 1.5 * overhead * (s.pool.cpu_workers if s.pool else 1) + 0.02 * s.budget + 5
+
+
+def holdout_line(s):
+    """The end-of-run holdout line (harness.holdout.holdout_summary), or why it was not measured."""
+    try:
+        return holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"])
+    except SetupError as e:
+        return f"holdout: not measured ({str(e).splitlines()[-1]})"

@@ -1,0 +1,189 @@
+"""
+HARNESS: proposing. Asks the proposer for ideas against the best train.py (k different ones in one call: a wave), turns
+each answer into a train.py through the SEARCH/REPLACE format, sends an unusable answer back with the exact error (at
+most MAX_REPAIRS times), refuses a train.py already measured or in flight, and asks for a crashed candidate's fix. The
+ideas wait in a Backlog until a device takes them. It never trains and never judges.
+"""
+
+import collections
+import dataclasses
+import re
+import time
+
+from harness import console, experiment, ledger
+from harness.edits import EditError, apply_answer
+from harness.gitops import file_at
+from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
+    program_brief
+from harness.proposers import Spend
+from harness.session import best_source, describe, duplicate_of, touched_by
+from harness.settings import MAX_REPAIRS
+from harness.target import FROZEN, read_text
+
+
+@dataclasses.dataclass(frozen=True)
+class Idea:
+    """A proposal not run yet: the answer (SEARCH/REPLACE blocks against train.py of commit `base`), the train.py it
+    gives, the repairs it took, what asking for it cost, and the wave (proposal call) it came from."""
+    description: str
+    source: str
+    answer: str
+    base: str
+    repairs: int
+    cost: Spend
+    wave: int
+    rebased_from: int | None = None     # a superseded winner re-run on the new best
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A candidate commit on a device: experiment n's fix number `fixes`, built on the best `base` (its metric and
+    tokens/s are what it is judged against)."""
+    n: int
+    idea: Idea
+    commit: str
+    base: str
+    base_metric: float
+    base_tps: float | None
+    fixes: int = 0
+    cost: Spend = Spend()
+    t0: float = dataclasses.field(default_factory=time.monotonic)   # when it was handed to its device
+
+
+@dataclasses.dataclass
+class Backlog:
+    """What waits for a device: fixes (amended crashed candidates, run before anything new) and ideas (proposals
+    not run yet, in order); wave counts the proposal calls; proposer and system are who is asked and how."""
+    proposer: object
+    system: str
+    fixes: collections.deque = dataclasses.field(default_factory=collections.deque)
+    ideas: collections.deque = dataclasses.field(default_factory=collections.deque)
+    wave: int = 0
+
+
+def propose(s, backlog, n, running, k=1):
+    """Ask for k distinct ideas against the best train.py in one call (an LLM is asked for k different ideas at once;
+    random/grid draw k times) for experiments n, n+1, ...; running: the Jobs on devices now. The prompt says which
+    results are known and which candidates are still in flight. The usable ideas join backlog.ideas. Returns how many
+    there were (0: no answer could be repaired)."""
+    train_src, t0 = best_source(s), time.monotonic()
+    prompt = PROPOSE_PROMPT.format(
+        program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric, goal=goal_word(s.goal),
+        history=format_history(s.history, s.metric, s.rule.margin, touched_by(s)), pending=pending(s, running),
+        train=train_src)
+    if k > 1:
+        prompt += WAVE_PROMPT.format(k=k)
+    s.status(n, "proposing" + (f" {k} ideas" if k > 1 else ""))
+    backlog.wave += 1
+    found, llm = 0, backlog.proposer.is_llm
+    for i in range(1 if llm else k):       # random/grid: one draw per idea
+        ideas = ask_for_edit(s, backlog, n + i, [{"role": "user", "content": prompt}], train_src, running,
+                             k if llm else 1)
+        backlog.ideas.extend(ideas)
+        found += len(ideas)
+    if s.pool is not None:
+        s.pool.waited(time.monotonic() - t0)
+    if not found:
+        s.log("skipped", n=n, reason=f"no usable answer after {MAX_REPAIRS} repairs")
+        console.say(f"#{n:<4} skipped  no usable answer after {MAX_REPAIRS} repairs (see {ledger.EVENTS})")
+    return found
+
+
+def pending(s, running):
+    """The prompt's line on which results are known and which candidates are still running."""
+    if not s.history:
+        return "Results known: none yet: the baseline (#0, train.py as it is) is still training."
+    last = len(s.history) - 1
+    if not running:
+        return f"Results known: all {len(s.history)} experiments so far (#0-#{last}); none running."
+    return (f"Results known: experiments #0-#{last}. Still running, results not known yet (do not propose these "
+            "again): " + "; ".join(f"#{j.n} {j.idea.description}" for j in sorted(running, key=lambda j: j.n)))
+
+
+def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
+    """One conversation with the proposer: an answer with no usable idea goes back with the exact error, at most
+    MAX_REPAIRS times. An answer may hold up to k ideas (a DESCRIPTION line each, then its blocks); the unusable
+    ones of an answer that has some usable ones are dropped (logged). Returns the usable Ideas, [] if none."""
+    before = s.spend
+    for repair in range(MAX_REPAIRS + 1):
+        reply = backlog.proposer.ask(backlog.system, messages, train_src, n)
+        s.paid(reply.spend)
+        s.log("propose", n=n, repair=repair, proposer=s.settings.proposer, model=s.settings.model,
+              input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+              cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3), wave=backlog.wave)
+        ideas, errors = [], []
+        for answer in split_ideas(reply.text)[:k]:
+            try:
+                description, source = apply_answer(answer, train_src, FROZEN)
+                check_new(s, source, [*in_flight(backlog, running), *ideas])
+                ideas.append(Idea(description, source, answer, s.best_commit, repair, Spend(), backlog.wave))
+            except EditError as e:
+                errors.append(str(e))
+        cost = (s.spend - before).share(max(1, len(ideas)))
+        if ideas:
+            for error in errors:
+                s.log("dropped", n=n, error=error)
+            return [dataclasses.replace(i, cost=cost) for i in ideas]
+        error = errors[0] if len(errors) == 1 else "; ".join(f"idea {i + 1}: {e}" for i, e in enumerate(errors))
+        s.log("repair", n=n, repair=repair, error=error, answer=reply.text[-4000:])
+        messages = messages + [{"role": "assistant", "content": reply.text},
+                               {"role": "user", "content": REPAIR_PROMPT.format(error=error)}]
+    return []
+
+
+def check_new(s, source, others=()):
+    """Raise EditError (the message for the LLM) when this train.py was already measured, or is one of `others` (the
+    ideas running, about to run, or of the same answer)."""
+    if (earlier := duplicate_of(s, source)) is not None:
+        raise EditError(f"the resulting train.py is byte-identical to experiment {describe(earlier, s.metric)}, "
+                        "already measured: propose a different idea")
+    if any(i.source == source for i in others):
+        raise EditError("the resulting train.py is the same as a candidate still running or about to run: propose a "
+                        "different idea")
+
+
+def in_flight(backlog, running):
+    """The ideas asked for but not recorded yet: running on a device (the Jobs `running`), or waiting to run."""
+    return [job.idea for job in running] + list(backlog.ideas)
+
+
+def rebase(s, idea, backlog, running):
+    """An idea written against an older best (prepared while a candidate that was kept trained), re-applied to the
+    best. Returns the new Idea, or None (logged as dropped) when it no longer applies, or gives a train.py already
+    measured or in flight."""
+    try:
+        description, source = apply_answer(idea.answer, best_source(s), FROZEN)
+        check_new(s, source, in_flight(backlog, running))
+    except EditError as e:
+        s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e))
+        console.say(f"      dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
+                    f"{s.best_commit[:7]} and {e}")
+        return None
+    s.log("reapplied", idea=idea.description, base=idea.base, best=s.best_commit)
+    return dataclasses.replace(idea, description=description, source=source, base=s.best_commit)
+
+
+def split_ideas(answer):
+    """An answer's ideas: the text from each DESCRIPTION line to the next (the whole answer when it has at most one)."""
+    starts = [m.start() for m in re.finditer(r"(?m)^[ \t]*DESCRIPTION:", answer)]
+    if len(starts) <= 1:
+        return [answer]
+    return [answer[a:b] for a, b in zip(starts, starts[1:] + [len(answer)])]
+
+
+def ask_fix(s, backlog, job, reason, log_tail):
+    """The crashed candidate goes back to the LLM with its reason and log tail; a usable fix amends the commit (same
+    parent) and becomes the job's next fix. Returns that Job, or None."""
+    with s.lock:                        # the devices' threads use the repository too
+        crashed_src = file_at(s.repo, job.commit, s.train_rel)
+    prompt = FIX_PROMPT.format(description=job.idea.description, reason=reason, tail=log_tail, train=crashed_src)
+    s.status(job.n, f"asking for fix {job.fixes + 1}")
+    t0 = time.monotonic()
+    fixed = ask_for_edit(s, backlog, job.n, [{"role": "user", "content": prompt}], crashed_src)
+    s.pool.waited(time.monotonic() - t0)
+    if not fixed:
+        return None
+    fix = job.fixes + 1
+    sha = experiment.commit(s, job.n, fixed[0].source, f"{job.idea.description}\n\nfix {fix}: {fixed[0].description}",
+                            fix=fix, amend=job.commit)
+    return dataclasses.replace(job, commit=sha, fixes=fix, cost=job.cost + fixed[0].cost)

@@ -1,0 +1,185 @@
+"""
+HARNESS: the settings. argv -> one frozen Settings for agent.py's loop and `agent.py try` (parse), with the defaults
+filled in (the proposer from the keys present, its model, the devices); nothing changes them after parsing. Also the
+loop's fixed rules, which no flag changes. Bad flags exit 2 with argparse's message naming the flag.
+"""
+
+import argparse
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from harness.edits import clean_description
+from harness.pool import parse_devices
+from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S
+
+MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
+MAX_FIXES = 2                   # a crashed candidate goes back with the log tail for this many amended fixes
+BREAKER = (6, 8)                # stop when 6 of the last 8 iterations failed (crash or unusable answer)
+# The CPU thread count of every run (train.py and the evaluator, through AUTORESEARCH_THREADS): fixed, so that CPU
+# runs are comparable; the cores this process may use.
+THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+ROOT = Path(__file__).resolve().parents[1]      # the repository root: the default target
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One invocation's settings (see `agent.py --help` and `agent.py try --help` for each flag's meaning)."""
+    command: str                        # "loop" (agent.py) or "try" (agent.py try)
+    tag: str                            # the run's name: branch autoresearch/<tag>
+    target: str                         # the target dir: program.md, the frozen prepare.py, train.py
+    timeout: float | None               # hard limit per run in seconds (None: target.default_timeout of the budget)
+    sandbox: str                        # auto | bwrap | off
+    baseline_runs: int                  # runs of the baseline (seeds): their sd is the noise floor
+    confirm: int                        # further runs a likely win gets before it is kept (0: strict ratchet)
+    margin: float | None                # --margin in metric units (None: verdict.MARGIN_SDS x noise sd)
+    source: str | None                  # local files to prepare the data from when none is prepared
+    proposer: str = "external"          # anthropic | openai | random | grid; "external" for `try`
+    model: str | None = None            # the LLM model (its default filled in)
+    base_url: str | None = None         # an OpenAI-compatible endpoint
+    max_experiments: int | None = None  # limits of the loop: experiments after the baseline (whole tag),
+    hours: float | None = None          # hours of this invocation,
+    max_cost_usd: float | None = None   # the tag's LLM spend
+    devices: str | None = None          # --devices as given
+    device_list: tuple = ()             # harness.pool.Device per place a run can go (parsed from --devices)
+    ray: str | None = None              # a Ray cluster's address, or "auto"
+    no_speculate: bool = False          # ask for an idea only when a device is free
+    seed: int = 0                       # seed of --proposer random
+    retry_base_delay: float = 2.0       # first backoff in seconds after a transient LLM error
+    message: str | None = None          # try -m: the idea in one line
+    baseline: bool = False              # try --baseline
+    sync: bool = False                  # try --sync
+    fix: bool = False                   # try --fix
+
+
+def parse(argv):
+    """Settings from agent.py's argv: `try ...` for an external agent's experiment, else the loop. Exits 2 on bad
+    flags."""
+    args = parse_try_args(argv[1:]) if argv[:1] == ["try"] else parse_args(argv)
+    return Settings(**vars(args))
+
+
+def parse_args(argv):
+    """The command line (see --help); picks the default proposer and model. Exits 2 on bad flags."""
+    p = argparse.ArgumentParser(
+        prog="agent.py",
+        description="The overnight research loop: propose an edit to train.py, commit it on autoresearch/<tag>, "
+                    "train for the fixed budget, keep it if the metric improved, else reset; log to results.tsv and "
+                    "events.jsonl. Rerun the same command to resume after a stop, Ctrl-C or crash.")
+    p.add_argument("--tag", required=True, help="run name: work happens on branch autoresearch/<tag> (created from "
+                   "HEAD, or resumed if it exists)")
+    p.add_argument("--proposer", choices=("anthropic", "openai", "random", "grid"),
+                   help="who proposes edits. Default: anthropic if ANTHROPIC_API_KEY is set, else openai if "
+                   "OPENAI_API_KEY is set (or --base-url is given); random/grid perturb train.py's UPPER_CASE "
+                   "constants and need no key")
+    p.add_argument("--model", help=f"LLM model (default: {DEFAULT_MODELS['anthropic']} for anthropic, "
+                   f"{DEFAULT_MODELS['openai']} for openai)")
+    p.add_argument("--base-url", help="API endpoint, e.g. an OpenAI-compatible server (vLLM, ollama, DeepSeek, "
+                   "OpenRouter: http://localhost:8000/v1)")
+    p.add_argument("--max-experiments", type=int, help="stop once this many experiments after the baseline are done "
+                   "(counted over the whole tag, so a resumed run adds only the difference)")
+    p.add_argument("--hours", type=float, help="stop before starting an experiment once this invocation has run "
+                   "this long")
+    p.add_argument("--max-cost-usd", type=float, help="stop once the tag's LLM spend reaches this many dollars")
+    add_common_flags(p)
+    p.add_argument("--devices", metavar="SPEC", help="run experiments on several devices at once: CUDA indices "
+                   "(e.g. 0,1,2,3: one run per GPU) or cpu:K (K CPU workers sharing this machine's threads). Default: "
+                   "one run at a time on this machine as it is")
+    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run experiments as tasks on a Ray "
+                   "cluster, one GPU each (auto: the cluster `ray start` made on this machine, or ADDRESS, e.g. "
+                   "10.0.0.5:6379); needs `uv sync --extra cluster`. agent.py stays the one process that owns git "
+                   "and the results")
+    p.add_argument("--no-speculate", action="store_true", help="ask for the next idea only when a device is free "
+                   "(default: while a candidate trains, the next idea is already asked for)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
+    p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
+                   f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
+    args = p.parse_args(argv)
+    args.command = "loop"
+    check_common(p, args)
+    for name in ("max_experiments", "hours", "max_cost_usd", "timeout"):
+        value = getattr(args, name)
+        if value is not None and value < 0 or name == "timeout" and value == 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if args.proposer is None:
+        if os.environ.get("ANTHROPIC_API_KEY"):
+            args.proposer = "anthropic"
+        elif os.environ.get("OPENAI_API_KEY") or args.base_url:
+            args.proposer = "openai"
+        else:
+            p.error("no LLM key: set ANTHROPIC_API_KEY or OPENAI_API_KEY, or run without an LLM with "
+                    "--proposer random (or grid)")
+    if args.devices is not None and args.ray is not None:
+        p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
+    try:
+        args.device_list = tuple(parse_devices(args.devices, THREADS))
+    except ValueError as e:
+        p.error(str(e))
+    if args.model is None and args.proposer in DEFAULT_MODELS:
+        args.model = DEFAULT_MODELS[args.proposer]
+    return args
+
+
+
+
+def parse_try_args(argv):
+    """`agent.py try`'s command line (see `agent.py try --help`). Exits 2 on bad flags."""
+    p = argparse.ArgumentParser(
+        prog="agent.py try",
+        description="One experiment for an external coding agent (Claude Code, Codex) following program.md: the "
+                    "train.py in your checkout becomes a candidate commit on autoresearch/<tag>, runs with every "
+                    "guarantee of agent.py's loop (hermetic sandboxed run, timeout, separate evaluation, the same "
+                    "verdict, a results.tsv row, events, a git note), the branch advances if it is kept, and your "
+                    "checkout's train.py becomes the best commit's. Prints a verdict block. Exit codes: 0 a verdict "
+                    "(keep, discard or crash: read `status:`), 1 stopped by a problem (message on stderr), 2 bad "
+                    "input or state (nothing was run), 130 interrupted (no result; your train.py as you left it).")
+    p.add_argument("--tag", required=True, help="run name: experiments go on branch autoresearch/<tag>")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("-m", "--message", help="the idea in one line (the commit subject and results.tsv description)")
+    what.add_argument("--baseline", action="store_true", help="the first run of a tag: measure the committed "
+                      "train.py unmodified (creates autoresearch/<tag> from HEAD)")
+    what.add_argument("--sync", action="store_true", help="write the best commit's train.py into your checkout "
+                      "(your current train.py is saved first, and where is printed)")
+    p.add_argument("--fix", action="store_true", help="with -m: your train.py fixes the last experiment, which "
+                   f"crashed; the crashed commit is amended (at most {MAX_FIXES} fixes per idea)")
+    add_common_flags(p)
+    args = p.parse_args(argv)
+    check_common(p, args)
+    if args.fix and args.message is None:
+        p.error("--fix needs -m \"<what you fixed>\"")
+    if args.message is not None and not clean_description(args.message):
+        p.error("-m: describe the idea in a few words")
+    args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
+    return args
+
+
+def add_common_flags(p):
+    """The flags agent.py's loop and `agent.py try` share: the target, the timeout, the sandbox, the data source."""
+    p.add_argument("--target", default=str(ROOT),
+                   help="directory holding program.md, the frozen prepare.py and train.py (default: the directory of "
+                   "agent.py, the repository root; e.g. grpo for the RL target)")
+    p.add_argument("--timeout", type=float, help="hard limit per training run in seconds (default: 2 x TIME_BUDGET, "
+                   "at least TIME_BUDGET + 120); the whole process group is killed")
+    p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
+                   help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
+                   "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
+    p.add_argument("--baseline-runs", type=int, default=3, metavar="K", help="run the baseline K times with "
+                   "different seeds (AUTORESEARCH_SEED): their mean is the first best, their standard deviation the "
+                   "noise floor (default 3)")
+    p.add_argument("--confirm", type=int, default=1, metavar="C", help="a candidate that beats the best by the margin "
+                   "is run C more times with other seeds and kept only if the mean of its runs still does (default 1; "
+                   "0: the first run decides, strictly, as in karpathy's ratchet)")
+    p.add_argument("--margin", type=float, help="how much a candidate must beat the best by, in metric units "
+                   "(default: 2 x the noise sd measured by the baseline runs)")
+    p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
+                   "(prepare.py --source PATH; offline) instead of the default download for this device")
+
+
+def check_common(p, args):
+    """The shared flags' values: a tag that makes a valid, short branch name; counts and margin in range."""
+    tag = args.tag
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
+        p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
+    if args.baseline_runs < 1 or args.confirm < 0 or args.margin is not None and not args.margin >= 0:
+        p.error("--baseline-runs must be at least 1, --confirm and --margin at least 0")

@@ -1,0 +1,134 @@
+"""
+HARNESS: the verdict rule, the one place it exists. Keep, discard or crash for a candidate's measured runs: a Rule
+(the goal, the margin, the number of confirmation runs) and judge(), which asks for further runs through a callable
+and never changes an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict block and
+report.py, so none of them can say it otherwise. Pure: no git, no files, no processes.
+"""
+
+import dataclasses
+import statistics
+
+THROUGHPUT_SHARE = 0.25     # a first run whose tokens/s is this far from the best's is run again before judging
+MARGIN_SDS = 2              # the default margin: this many noise sds (the baseline's runs' spread)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """The tag's verdict rule. goal: "min" or "max"; confirm: further runs (other seeds) a likely win gets before it
+    is kept (0: the first run decides, karpathy's strict ratchet); margin_flag: --margin in metric units (None:
+    MARGIN_SDS x noise_sd when confirming, else 0); noise_sd: the spread of the baseline's runs (None: not measured,
+    one run); noise_runs: how many baseline runs measure it (before the baseline is measured: how many will)."""
+    goal: str
+    confirm: int = 1
+    margin_flag: float | None = None
+    noise_sd: float | None = None
+    noise_runs: int = 1
+
+    @property
+    def margin(self):
+        """How much a candidate must beat the best by, in metric units (0.0: strictly better)."""
+        if self.margin_flag is not None:
+            return self.margin_flag
+        return MARGIN_SDS * self.noise_sd if self.noise_sd and self.confirm > 0 else 0.0
+
+    @property
+    def noise_aware(self):
+        """Whether the margin is the measured noise's (no --margin, confirmation on, a noise floor measured)."""
+        return self.margin_flag is None and self.confirm > 0 and bool(self.noise_sd or self.noise_runs > 1)
+
+    @property
+    def source(self):
+        """How the margin was set, in words."""
+        if self.margin_flag is not None:
+            return "--margin"
+        return f"{MARGIN_SDS} x noise sd" if self.noise_aware else "strict: --confirm 0 or one baseline run"
+
+    def gain(self, metric, best):
+        """How much metric is better than best (positive: better), whatever the goal."""
+        return best - metric if self.goal == "min" else metric - best
+
+    def beats(self, metric, best):
+        """Whether metric beats best by more than the margin (strictly better with margin 0)."""
+        return self.gain(metric, best) > self.margin
+
+    def near_miss(self, metric, base):
+        """A discard within the margin of the best it was judged against: an idea worth combining with another."""
+        return self.margin > 0 and abs(metric - base) <= self.margin
+
+    def words(self, metric="the metric"):
+        """The rule in one paragraph, as the system prompt, `agent.py try` and report.py state it."""
+        if self.margin_flag is not None:
+            margin = f"a margin of {self.margin_flag:g} (--margin)"
+        elif self.noise_aware:
+            margin = f"a noise margin ({MARGIN_SDS} x the sd of the baseline's runs with different seeds)"
+        else:
+            margin = None
+        better = f"beats the best {metric} by more than {margin}" if margin else f"beats the best {metric}"
+        if self.confirm == 0:
+            return (f"An edit is kept if its single run {better}; otherwise it is reverted. There is no confirmation "
+                    "run: the first run decides.")
+        runs = "a second run with another seed" if self.confirm == 1 else f"{self.confirm} more runs with other seeds"
+        return (f"Results carry noise (the seed of init and data order changes from run to run): an edit is kept "
+                f"only if its run {better}, confirmed by {runs} (the mean of all its runs must still beat it); "
+                f"otherwise it is reverted. A first run whose tokens/s is more than {THROUGHPUT_SHARE:.0%} off the "
+                "best's is run again before it is judged, and both runs count.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What judge() decided. status: keep | discard | crash; runs: the metrics of every run that counted, first run
+    first; metric: their mean (None: a crash); reason: why it crashed when its first run had a metric (a repeat or
+    a confirmation crashed), else ""; failed: that run's Outcome (its log tail and kind), else None."""
+    status: str
+    runs: tuple = ()
+    metric: float | None = None
+    reason: str = ""
+    failed: object = None
+
+
+def tokens_per_sec(outcome):
+    """The training throughput train.py's summary states (`tokens_per_sec:`), or None."""
+    try:
+        return float(outcome.summary["tokens_per_sec"])
+    except (KeyError, ValueError):
+        return None
+
+
+def judge(first, run_again, rule, best_metric, best_tps=None):
+    """The verdict on a candidate whose first run is `first` (a runner Outcome), against the best it was built on
+    (best_metric, and its tokens/s best_tps).
+
+    - no metric: crash.
+    - With confirmation (rule.confirm > 0), a first run whose tokens/s is more than THROUGHPUT_SHARE away from the
+      best's is run again first (a busy or throttled device, or a model of another speed), and both runs count:
+      train.py prints its own tokens/s, so a repeat it asks for must never replace an unlucky first run.
+    - discard when the mean does not beat the best by the margin; otherwise rule.confirm more runs with other seeds,
+      kept only if the mean of all its runs still beats it. A repeat or confirmation that crashes makes a crash.
+
+    run_again(run, again) -> Outcome: run the candidate once more; run is the confirmation's index (1..confirm), or 0
+    with again=True for the throughput repeat. Returns a Verdict."""
+    if first.metric is None:
+        return Verdict("crash")
+    runs = [first.metric]
+    tps = tokens_per_sec(first)
+    if rule.confirm and tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:
+        repeat = run_again(0, True)
+        if repeat.metric is None:
+            return Verdict("crash", (), None, f"its repeat crashed: {repeat.reason}", repeat)
+        runs.append(repeat.metric)
+    if not rule.beats(statistics.fmean(runs), best_metric):
+        return Verdict("discard", tuple(runs), statistics.fmean(runs))
+    for run in range(1, rule.confirm + 1):
+        confirmation = run_again(run, False)
+        if confirmation.metric is None:
+            return Verdict("crash", tuple(runs), None, f"confirmation run {run + 1} crashed: {confirmation.reason}",
+                           confirmation)
+        runs.append(confirmation.metric)
+    mean = statistics.fmean(runs)
+    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean)
+
+
+def throughput_off(tps, best_tps):
+    """The reason logged with a throughput repeat."""
+    return (f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than {THROUGHPUT_SHARE:.0%}: run "
+            "again before it is judged")
