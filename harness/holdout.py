@@ -37,10 +37,11 @@ def keep_artifact(home, n, name, path):
     os.replace(path, saved)
 
 
-def prune_artifacts(home, keep):
-    """Remove the kept artifacts of every experiment but those numbered in `keep` (the baseline and the best)."""
+def prune_artifacts(home, keep, recorded):
+    """Remove the kept artifacts of the recorded experiments (numbered below `recorded`) but those numbered in
+    `keep` (the baseline and the best); those of experiments still in flight on other devices stay."""
     for path in (Path(home) / "artifacts").glob("*"):
-        if int(path.name.split("-")[0]) not in keep:
+        if int(path.name.split("-")[0]) not in keep and int(path.name.split("-")[0]) < recorded:
             remove(path)
 
 
