@@ -51,7 +51,7 @@ def connect(address, context):
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
         except (OSError, ValueError) as e:
             raise SetupError(f"--ray {address}: nothing answers there ({e}): give the head node's HOST:PORT (6379 "
-                             "unless `ray start --head --port` said otherwise), or start one (see the README)") from None
+                             "unless `ray start --head --port` said otherwise), or start one (docs/parallel.md)") from None
     if not ray.is_initialized():
         try:
             ray.init(address=address, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
@@ -59,7 +59,7 @@ def connect(address, context):
                                   "env_vars": node_env()})
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SetupError(f"--ray {address}: no Ray cluster answered ({e}). Start one with `ray start --head` "
-                             "(see the README), or give its address. Ray >= 2.50 authenticates with a token by "
+                             "(docs/parallel.md), or give its address. Ray >= 2.50 authenticates with a token by "
                              "default: a driver that connects by address needs RAY_AUTH_MODE=token and the head's "
                              "~/.ray/auth_token") from None
     resources = ray.cluster_resources()

@@ -142,7 +142,8 @@ def parse_try_args(argv):
     what.add_argument("--sync", action="store_true", help="write the best commit's train.py into your checkout "
                       "(your current train.py is saved first, and where is printed)")
     p.add_argument("--fix", action="store_true", help="with -m: your train.py fixes the last experiment, which "
-                   f"crashed; the crashed commit is amended (at most {MAX_FIXES} fixes per idea)")
+                   "crashed: it is committed as an amend of the crashed commit (same parent) and measured as a new "
+                   f"experiment with its own row (at most {MAX_FIXES} fixes per idea)")
     add_common_flags(p)
     args = p.parse_args(argv)
     check_common(p, args)
@@ -171,7 +172,8 @@ def add_common_flags(p):
                    "is run C more times with other seeds and kept only if the mean of its runs still does (default 1; "
                    "0: the first run decides, strictly, as in karpathy's ratchet)")
     p.add_argument("--margin", type=float, help="how much a candidate must beat the best by, in metric units "
-                   "(default: 2 x the noise sd measured by the baseline runs)")
+                   "(default: 2 x the noise sd measured by the baseline runs; 0, strictly better, with --confirm 0 "
+                   "or one baseline run)")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 
