@@ -156,7 +156,7 @@ def write_tree(files, folder):
 
 
 def remote_run(payload):
-    """On a Ray worker: one run of a candidate, as train_candidate does it on the driver's machine (runner.run with the
+    """On a Ray worker: one run of a candidate, as experiment.train does it on the driver's machine (runner.run with the
     sandbox and the separate evaluation), in a scratch directory removed afterwards. Returns {"outcome", "log" (bytes),
     "node", "artifact_sha256"}."""
     work = Path(tempfile.mkdtemp(prefix="autoresearch-ray-"))

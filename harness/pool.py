@@ -3,7 +3,7 @@ HARNESS: every device busy. The devices experiments run on (--devices: CUDA indi
 machine; --ray: the GPUs of a Ray cluster), the worker threads that train candidates on them while agent.py's loop
 proposes and records, and the throughput that gives (experiments per hour, device busy share, proposal wait). One
 process, agent.py, owns git, results.tsv and events.jsonl: a worker only trains, evaluates and returns an Outcome
-(harness.session.train_candidate does the bookkeeping around it under the session's lock).
+(harness.experiment.train does the bookkeeping around it under the session's lock).
 """
 
 import concurrent.futures

@@ -73,7 +73,7 @@ class Reply:
 class Proposer:
     """name: anthropic | openai | random | grid. ask(system, messages, train_src, n) -> Reply: an LLM reads system +
     messages; random/grid read train_src and the experiment number n. Set profile (the device class `prepare.py
-    --check` reported, so that random/grid perturb the `if PROFILE == ...` branch that runs) and on_retry(attempt,
+    --check` reported, so that random/grid perturb the `if PROFILE == ...` branch that runs) and on_retry(retry,
     problem, delay_s) (called before each backoff sleep) once they are known."""
     name: str
     model: str | None
@@ -207,7 +207,7 @@ def call_with_retries(call, system, messages, args, on_retry=None):
     import anthropic
     import openai
     t0 = time.monotonic()
-    for attempt in itertools.count():
+    for retry in itertools.count():
         try:
             reply = call(system, messages)
             reply.seconds = time.monotonic() - t0
@@ -222,9 +222,9 @@ def call_with_retries(call, system, messages, args, on_retry=None):
             if e.status_code not in (408, 409, 425, 429) and e.status_code < 500:
                 raise Stop(fatal_llm_message(args, e)) from None
             problem = f"HTTP {e.status_code}: {e.message}"
-        delay = min(RETRY_CAP_S, args.retry_base_delay * 2 ** attempt) * random.uniform(0.5, 1.0)
+        delay = min(RETRY_CAP_S, args.retry_base_delay * 2 ** retry) * random.uniform(0.5, 1.0)
         if on_retry:
-            on_retry(attempt, problem, delay)
+            on_retry(retry, problem, delay)
         time.sleep(delay)
 
 
