@@ -147,6 +147,17 @@ print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 NOISE_SD = 0.01
 
 
+def noisy_metric(salt, seed, gain=0.0):
+    """The val_bpb the stand-in evaluator prints for a run of NOISY_TRAIN with this salt, AUTORESEARCH_SEED=seed and
+    gain, reproduced in-process: train.py's draw of the noise and its offset, the evaluator's score of LR 0.05,
+    DEPTH 8 plus that offset, printed with 6 decimals (tests/test_noise.py checks it against real runs)."""
+    import random
+    noise = random.Random(f"{salt}:{seed}").gauss(0.0, NOISE_SD)
+    offset = -gain + noise - 0.008
+    value = 1.0 + abs(0.05 - 0.05) * 10 + 8 / 1000 + offset
+    return float(f"{value + 0.0:.6f}")
+
+
 def make_noisy_target(root, salt=0):
     """make_target with NOISY_TRAIN as train.py (committed on main), its noise drawn with this salt; returns the
     target dir."""

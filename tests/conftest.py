@@ -4,15 +4,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import git
 import pytest
 
 from agent_target import SECRET, make_target  # the tiny target of test_agent.py and test_cheats.py
-
-REPO = Path(__file__).resolve().parents[1]
-CORPORA = REPO.parent / "shared" / "data" / "corpora"
+from helpers import CORPORA, REPO, run_train, train_definitions
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +23,23 @@ def cpu_cache(tmp_path_factory):
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return cache
+
+
+@pytest.fixture(scope="session")
+def train_defs():
+    """train.py's definitions (helpers.train_definitions), executed once per session: its device setup measures the
+    CPU's matmul speed, which takes seconds. A test that replaces an entry puts it back."""
+    return train_definitions()
+
+
+@pytest.fixture(scope="session")
+def gpt_run(cpu_cache, tmp_path_factory):
+    """One real train.py run on the CPU profile's data (budget 4 s, seed 7, its model artifact exported), shared by
+    the tests that read a real run's summary (test_train.py) or score its artifact (test_evaluate.py): (the
+    CompletedProcess, the artifact's path)."""
+    artifact = tmp_path_factory.mktemp("gpt-run") / "run" / "model.pt2"
+    result = run_train(cpu_cache, budget=4, env={"AUTORESEARCH_SEED": "7", "AUTORESEARCH_ARTIFACT": str(artifact)})
+    return result, artifact
 
 
 @pytest.fixture
@@ -56,15 +70,32 @@ def real_repo(cpu_cache, tmp_path):
     return repo_dir, env
 
 
-@pytest.fixture
-def grpo_repo(tmp_path):
-    """A throwaway repository holding grpo/ with the tiny Qwen2 on one-digit sums prepared, and its environment."""
-    grpo = REPO / "grpo"
+def grpo_env(cache):
+    """The environment of the GRPO tests' processes: no AUTORESEARCH_ settings or API keys of the caller's, one
+    thread, this cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_") and not k.endswith("_API_KEY")}
-    env.update(AUTORESEARCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", ANTHROPIC_API_KEY="test-key")
-    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(tmp_path / "tiny")], cwd=grpo, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env.update(AUTORESEARCH_CACHE=str(cache), OMP_NUM_THREADS="1", ANTHROPIC_API_KEY="test-key")
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory):
+    """`grpo/tiny.py --out DIR` run once per session, as a user would: the tiny Qwen2 (model/) and the one-digit
+    sums task (sums/). Read-only: grpo_repo gives each test its own copy."""
+    out = tmp_path_factory.mktemp("tiny-build") / "tiny"
+    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(out)], cwd=REPO / "grpo",
+                          env=grpo_env(out.parent / "cache"), capture_output=True, text=True, timeout=600)
     assert tiny.returncode == 0, tiny.stderr[-2000:]
+    return out
+
+
+@pytest.fixture
+def grpo_repo(tmp_path, tiny_build):
+    """A throwaway repository holding grpo/ with the tiny Qwen2 on one-digit sums prepared, and its environment.
+    The model and task are a copy of the session's tiny.py build in tmp_path/tiny."""
+    grpo = REPO / "grpo"
+    env = grpo_env(tmp_path / "cache")
+    shutil.copytree(tiny_build, tmp_path / "tiny")
     env.update(AUTORESEARCH_GRPO_MODEL=str(tmp_path / "tiny" / "model"), AUTORESEARCH_TIME_BUDGET="3")
     prepared = subprocess.run([sys.executable, "prepare.py", "--source", str(tmp_path / "tiny" / "sums"), "--force"],
                               cwd=grpo, env=env, capture_output=True, text=True, timeout=600)

@@ -5,11 +5,8 @@ contract constants and --check, and a train.py whose metric is a known function 
 edit gives a known row. LLM answers come from tests/llm_server.py through the real anthropic/openai SDKs.
 """
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,49 +16,8 @@ import pytest
 import agent
 from agent_target import SECRET, STRICT, edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
-
-AGENT = Path(agent.__file__).resolve()
-
-
-RAISE_LR = edit("raise LR", "LR = 0.04", "LR = 0.05")           # -> 1.008000, keep
-LOWER_LR = edit("lower LR", "LR = 0.05", "LR = 0.03")           # after RAISE_LR -> 1.208000, discard
-
-
-def run_agent(target, llm=None, provider="anthropic", *extra):
-    """agent.main in-process on tag t, with the loopback LLM for this provider when llm is given."""
-    argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01", *STRICT,
-            "--no-speculate", *extra]
-    if llm is not None:
-        argv += ["--proposer", provider, "--base-url", llm.anthropic_url if provider == "anthropic" else
-                 llm.openai_url]
-    return agent.main(argv)
-
-
-def rows(target):
-    """results.tsv without its header."""
-    lines = (target / "results.tsv").read_text().splitlines()
-    return lines[1:]
-
-
-def events(target, kind=None):
-    """events.jsonl, optionally only one kind of event."""
-    all_events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
-    return [e for e in all_events if kind is None or e["event"] == kind]
-
-
-def sha(target, rev):
-    """The full sha of a revision in the target's repository."""
-    return git.Repo(target, search_parent_directories=True).commit(rev).hexsha
-
-
-def tree_is_clean(target):
-    """No tracked file differs from HEAD."""
-    return git.Repo(target, search_parent_directories=True).git.status("--porcelain", "--untracked-files=no") == ""
-
-
-def baseline_row(target):
-    """The results.tsv row the tiny target's baseline must produce."""
-    return f"{sha(target, 'main')[:7]}\t1.108000\t0.0\tkeep\tbaseline"
+from helpers import (LOWER_LR, RAISE_LR, SLOW, baseline_row, events, live_members, rows, run_agent, sha, start_agent,
+                     steer_on_branch, tree_is_clean, wait_for_run)
 
 
 # ---------------------------------------------------------------------------
@@ -367,16 +323,6 @@ def test_kill_between_keep_event_and_branch_move_is_finished_on_resume(target):
     assert len(rows(target)) == 2
 
 
-def steer_on_branch(target, text):
-    """A human's commit of new directions in program.md on autoresearch/t (switching there and back); its sha."""
-    repo = git.Repo(target)
-    repo.git.switch("autoresearch/t")
-    (target / "program.md").write_text(text)
-    repo.git.commit("-qam", "steer: new directions")
-    repo.git.switch("main")
-    return repo.commit("autoresearch/t").hexsha
-
-
 def test_human_steering_commit_on_the_branch_is_adopted(target):
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
     repo = git.Repo(target)
@@ -401,44 +347,7 @@ def test_human_commit_changing_train_py_on_the_branch_is_refused(target, capsys)
     assert sha(target, "autoresearch/t") == mine and len(rows(target)) == 1
 
 
-def live_members(pgid):
-    """Processes of group pgid that are not zombies (a container's PID 1 may never reap an orphan)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-def start_agent(target, llm, *extra):
-    """agent.py as a separate process (so that it can be killed), talking to the loopback LLM."""
-    argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60",
-            "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, "--no-speculate", *extra]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_run(target, n, proc, timeout=30):
-    """Wait until experiment n's training has started; returns its process group id."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (target / "events.jsonl").exists():
-            found = [e for e in events(target, "run") if e["n"] == n]
-            if found:
-                return found[0]["pgid"]
-        assert proc.poll() is None, proc.stderr.read()
-        time.sleep(0.05)
-    raise AssertionError(f"no run {n} started")
-
-
-SLOW = edit("slow and better", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
-            "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 30.0")
-
-
-@pytest.mark.parametrize("sandbox", ["auto", "off"])
+@pytest.mark.parametrize("sandbox", ["auto", pytest.param("off", marks=pytest.mark.slow)])   # off: the orphan runs on
 def test_sigkill_mid_run_then_resume_is_consistent(target, sandbox):
     with ScriptedLLM([SLOW]) as llm:
         proc = start_agent(target, llm, "--sandbox", sandbox)

@@ -19,7 +19,7 @@ import pytest
 
 from agent_target import edit
 from llm_server import ScriptedLLM
-from test_agent import RAISE_LR, baseline_row, events, rows, run_agent, sha
+from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
 from harness import sandbox
 
@@ -142,6 +142,7 @@ def test_another_time_budget_in_the_summary_is_rejected(target, mode):
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)
+@pytest.mark.slow
 def test_training_longer_than_the_budget_is_rejected(target, mode):
     row, end = one(target, edit("train 15x longer", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
                                 "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 15.0"), mode, "--timeout", "60")

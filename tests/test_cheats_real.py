@@ -18,8 +18,10 @@ from agent_target import edit
 from llm_server import ScriptedLLM
 
 from harness import sandbox
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow      # every test trains a real model (GPT on the CPU profile, or the tiny Qwen2)
+
 NO_FIX = ["I cannot fix this."] * 3           # a crash is sent back for a fix: these answers give up
 EVAL_CALL = "    val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE, prepared=prepared)"
 SCALED = edit("scale the evaluator's answer", EVAL_CALL, EVAL_CALL.replace("= evaluate_bpb", "= 0.9 * evaluate_bpb"))

@@ -5,8 +5,6 @@ sandbox's promises hold there."""
 import hashlib
 import json
 import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,9 +15,8 @@ import pytest
 
 from harness import sandbox
 from harness.runner import interpreter
-from test_sandbox import require_bwrap
+from helpers import REPO, require_bwrap
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 # What a train.py tried as root against the old sandbox (two mount(2) calls gave it the host's disk read-write,
@@ -82,25 +79,6 @@ except OSError:
     found["mknod a block device"] = "refused"
 print(json.dumps(found))
 """
-
-
-def opened_outside(argv, cwd, env, trace, allowed):
-    """Run argv under strace (every open, all threads and children) and return (the set of files it opened, those of
-    them outside `allowed`: paths, with the system's, the environment's and the private /tmp's added). Skips the
-    test where strace is missing (fails in CI, which installs it)."""
-    strace = shutil.which("strace")
-    if strace is None:
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail("strace is not installed in CI (.ci/run installs it)")
-        pytest.skip("strace is not installed")
-    out = subprocess.run([strace, "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace), *map(str, argv)],
-                         cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    opened = {Path(m.group(1)).resolve() for m in
-              re.finditer(r'open(?:at2?)?\((?:AT_FDCWD, |\d+, )?"([^"]+)".*\) = \d+', Path(trace).read_text())}
-    roots = [Path(p).resolve() for p in (*sandbox.SYSTEM, "/etc", "/proc", "/sys", "/dev", "/tmp")] + \
-        [p.resolve() for p in sandbox.environment()] + [Path(p).resolve() for p in allowed]
-    return opened, sorted(str(p) for p in opened if not any(p == r or p.is_relative_to(r) for r in roots))
 
 
 def run_inside(argv, env=None):
@@ -210,6 +188,7 @@ def listener(path):
     return server
 
 
+@pytest.mark.slow
 def test_the_view_is_an_allow_list(tmp_path):
     require_bwrap()
     cache, corpus, repo, run, frozen = (tmp_path / n for n in ("cache", "corpus", "repo", "run", "frozen"))
@@ -272,6 +251,7 @@ def test_the_evaluator_runs_in_its_pristine_copy_and_reads_the_artifact_only(tmp
                      "write": "Read-only file system"}
 
 
+@pytest.mark.slow
 def test_the_real_pretraining_view_shows_no_evaluation_data(cpu_cache, tmp_path):
     """The real prepare.py's declared reads, on the real corpora: train.py's view holds no copy of the val or holdout
     split nor of any source file they were cut from, and no socket it can connect to."""
@@ -297,6 +277,7 @@ def test_the_real_pretraining_view_shows_no_evaluation_data(cpu_cache, tmp_path)
     assert str(data) in inputs["train_reads"] and str(Path(meta["source"]).resolve()) in inputs["evaluator_only"]
 
 
+@pytest.mark.slow
 def test_the_real_grpo_view_shows_no_test_split(tmp_path):
     """GRPO prepared offline from the real GSM8K (`--source`, the README's recipe): train.py's view holds neither the
     prepared test split nor the source folder's copy of it, though source.json names that folder."""

@@ -22,11 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import prepare as P
-from test_train import parse_summary, run_train, train_definitions
-from test_prepare import Bigram  # the causal, non-uniform model of the in-process tests
-
-REPO = Path(__file__).resolve().parents[1]
-CORPORA = REPO.parent / "shared" / "data" / "corpora"
+from helpers import CORPORA, REPO, Bigram, opened_outside, parse_summary
 # Six evaluator batches of EVAL_BATCH_ROWS rows: enough for the random causality probe to matter.
 ROWS = 6 * P.EVAL_BATCH_ROWS
 EVAL = P.Profile("eval-test", max_seq_len=64, eval_tokens=64 * ROWS, vocab_size=320, doc_chars=160)
@@ -93,8 +89,9 @@ class PeeksOnSomeRows(Bigram):
 # round trips: the separate evaluator reproduces the in-process number
 
 
-def test_tiny_gpt_round_trip_matches_in_process(cache, tokenizer, tmp_path, monkeypatch):
-    T = train_definitions()
+@pytest.mark.slow
+def test_tiny_gpt_round_trip_matches_in_process(cache, tokenizer, tmp_path, monkeypatch, train_defs):
+    T = train_defs
     torch.manual_seed(0)
     cfg = T["GPTConfig"](sequence_len=64, vocab_size=320, n_layer=2, n_head=2, n_embd=32, window_pattern="SL")
     model = T["GPT"](cfg)
@@ -117,6 +114,7 @@ def test_tiny_gpt_round_trip_matches_in_process(cache, tokenizer, tmp_path, monk
     assert summary["frozen_inputs"] == P.frozen_inputs(cache)["digest"]
 
 
+@pytest.mark.slow
 def test_uniform_artifact_scores_log2_vocab_times_tokens_per_byte(cache, tokenizer, tmp_path, monkeypatch):
     V, T = 320, 64
     _, y, _ = next(P.make_dataloader(tokenizer, ROWS, T, "val", prepared=cache))
@@ -134,6 +132,7 @@ def test_uniform_artifact_scores_log2_vocab_times_tokens_per_byte(cache, tokeniz
     assert float(parse_summary(cli.stdout)["val_bpb"]) == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_holdout_split_is_scored_the_same_way_on_its_own_tokens(cache, tokenizer, tmp_path):
     """--split holdout: the same metric on the hidden holdout split (report.py --holdout), hand-computed for the
     uniform model from that split's own tokens, and marked in the summary."""
@@ -409,6 +408,7 @@ def frozen_cli(script, cache_root, cwd):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_frozen_inputs_digest_is_stable_across_copies_and_tracks_changes(cache, tmp_path):
     here = P.frozen_inputs(cache)
     assert set(here["files"]) == {"prepare.py", "prepared.json", "tokenizer.pkl", "token_bytes", "val/val.parquet",
@@ -444,9 +444,9 @@ def test_frozen_inputs_digest_is_stable_across_copies_and_tracks_changes(cache, 
 # a real train.py run, scored by the separate evaluator
 
 
-def test_train_run_artifact_scores_within_metric_tolerance(cpu_cache, tmp_path):
-    artifact = tmp_path / "run" / "model.pt2"
-    result = run_train(cpu_cache, budget=2, env={P.ARTIFACT_ENV: str(artifact)})
+@pytest.mark.slow
+def test_train_run_artifact_scores_within_metric_tolerance(cpu_cache, gpt_run, tmp_path):
+    result, artifact = gpt_run                    # the real run of conftest.py, its artifact exported
     assert result.returncode == 0, result.stderr[-3000:]
     assert "nanobind" not in result.stdout + result.stderr
     in_process = float(parse_summary(result.stdout)["val_bpb"])
@@ -459,11 +459,11 @@ def test_train_run_artifact_scores_within_metric_tolerance(cpu_cache, tmp_path):
     assert summary["frozen_inputs"] == P.frozen_inputs(P.load_prepared(cpu_cache))["digest"]
 
 
+@pytest.mark.slow
 def test_the_evaluator_opens_nothing_but_its_declared_reads_and_the_artifact(cache, tmp_path):
     """Traced with strace: every file `prepare.py --evaluate` opens is the system's, the Python environment's, its
     own pristine copy's, one of --frozen-inputs' eval_reads, or the artifact (so the sandbox's view of the evaluator,
     which shows exactly these, is complete, and the digest covers what decides the score)."""
-    from test_confinement import opened_outside
     frozen = tmp_path / "frozen"
     frozen.mkdir()
     shutil.copy(REPO / "prepare.py", frozen / "prepare.py")

@@ -23,11 +23,10 @@ from agent_target import STRICT, edit
 from harness import console, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
-from test_agent import (AGENT, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, tree_is_clean,
-                        wait_for_run)
+from helpers import (AGENT, REPO, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, tree_is_clean,
+                     wait_for_run)
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).resolve().parents[1]
 NO_FIX = ["I cannot fix this."] * 3          # a crash is sent back for a fix: these answers give up
 
 
@@ -203,7 +202,7 @@ def start_in_own_group(target, llm):
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-@pytest.mark.parametrize("when", ["training", "waiting for the LLM"])
+@pytest.mark.parametrize("when", ["training", pytest.param("waiting for the LLM", marks=pytest.mark.slow)])
 def test_ctrl_c_to_the_whole_process_group_stops_cleanly(target, when):
     """The terminal sends SIGINT to every process of the foreground group, GitPython's git cat-file children too."""
     with ScriptedLLM([SLOW], delay=0.0 if when == "training" else 8.0) as llm:

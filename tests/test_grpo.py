@@ -79,11 +79,10 @@ def _isolated(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    """Warm-started tiny model (format only) and the one-digit sums task, built once."""
-    out = tmp_path_factory.mktemp("tiny")
-    tiny.make_tiny(out)
-    return out
+def tiny_dir(tiny_build) -> Path:
+    """Warm-started tiny model (format only) and the one-digit sums task: the session's one `tiny.py` build
+    (conftest.py), read-only."""
+    return tiny_build
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +126,7 @@ def test_time_budget_override(monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "12.5")
     assert prepare.time_budget() == (12.5, True)
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "soon")
-    with pytest.raises(SystemExit, match="AUTORESEARCH_TIME_BUDGET='soon' is not a positive number"):
+    with pytest.raises(SystemExit, match="AUTORESEARCH_TIME_BUDGET='soon' is not a positive, finite number of seconds"):
         prepare.time_budget()
 
 
@@ -207,6 +206,7 @@ def test_reward_is_exact_numeric_match():
 # Data
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_check_then_source_then_check(tiny_dir, monkeypatch, capsys):
     monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(tiny_dir / "model"))  # --check also resolves the base model
     assert prepare.main(["--check"]) == 1
@@ -229,6 +229,7 @@ def test_check_then_source_then_check(tiny_dir, monkeypatch, capsys):
     assert [p.question for p in holdout] == [p.question for p in prepare.holdout_problems()]
 
 
+@pytest.mark.slow
 def test_another_source_is_refused_without_force(tiny_dir):
     assert prepare.main(["--source", str(GSM8K)]) == 0
     assert prepare.main(["--source", str(GSM8K)]) == 0  # the same source again is fine
@@ -320,6 +321,7 @@ def test_load_model_errors(tmp_path, monkeypatch):
 # Evaluator
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_evaluator_on_tiny_model(tiny_dir, monkeypatch, capsys):
     model, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
     prepare.import_source(tiny_dir / "sums")
@@ -356,6 +358,7 @@ def _nudged_policy(tiny_dir: Path, monkeypatch):
     return model, tokenizer
 
 
+@pytest.mark.slow
 def test_separate_evaluator_scores_the_weights_and_ignores_train_side_cheats(tiny_dir, tmp_path, monkeypatch, capsys):
     prepare.import_source(tiny_dir / "sums")
     problems = prepare.eval_problems()
@@ -396,6 +399,7 @@ def test_separate_evaluator_scores_the_weights_and_ignores_train_side_cheats(tin
     assert values["frozen_inputs"] == prepare.frozen_inputs()["digest"]
 
 
+@pytest.mark.slow
 def test_artifact_holds_weights_only_and_loads_strictly(tiny_dir, tmp_path, monkeypatch):
     import safetensors.torch
 
@@ -443,6 +447,7 @@ def test_artifact_holds_weights_only_and_loads_strictly(tiny_dir, tmp_path, monk
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in before.items())  # nothing half-loaded
 
 
+@pytest.mark.slow
 def test_hidden_test_split_saves_then_defers_to_the_evaluator(tiny_dir, tmp_path, monkeypatch, capsys):
     policy, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
     prepare.import_source(tiny_dir / "sums")
@@ -481,6 +486,7 @@ TINY_MODEL_FILES = ["chat_template.jinja", "config.json", "generation_config.jso
                     "tokenizer_config.json"]
 
 
+@pytest.mark.slow
 def test_frozen_inputs_digest(tiny_dir, tmp_path, monkeypatch, capsys):
     model = tmp_path / "base"
     shutil.copytree(tiny_dir / "model", model)
@@ -519,6 +525,7 @@ def test_frozen_inputs_digest(tiny_dir, tmp_path, monkeypatch, capsys):
         prepare.frozen_inputs()
 
 
+@pytest.mark.slow
 def test_frozen_inputs_digest_covers_the_model_folder_but_not_its_weights(tiny_dir, random_dir, tmp_path, monkeypatch):
     """A base model folder with another chat template, tokenizer config or generation config decodes differently in
     the evaluator: the digest must change. New weights do not count (the artifact's replace them all), nor does a
@@ -564,6 +571,7 @@ def test_frozen_inputs_digest_covers_the_model_folder_but_not_its_weights(tiny_d
     assert prepare.frozen_inputs()["digest"] == base["digest"]
 
 
+@pytest.mark.slow
 def test_source_folder_is_evaluator_only(tiny_dir, tmp_path, monkeypatch):
     """source.json (readable by train.py) names the folder the splits were copied from, test split included: it is
     hidden too, resolved, however --source named it."""
@@ -587,6 +595,7 @@ def test_source_folder_is_evaluator_only(tiny_dir, tmp_path, monkeypatch):
     assert prepare.frozen_inputs()["evaluator_only"] == [test]
 
 
+@pytest.mark.slow
 def test_frozen_inputs_reads_of_a_local_model_folder(tiny_dir, tmp_path, monkeypatch):
     """train_reads / eval_reads / env for a plain local folder (given as ~/...), and for one whose files link out of it
     (as `download --local-dir` used to make): the link targets are read too."""
@@ -636,6 +645,7 @@ def _hub_env(cache: Path, hf_home: Path, **extra) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_a_hub_id_is_never_read_as_a_local_folder(tiny_dir, tmp_path, monkeypatch, capsys):
     """The hole: a train.py wrote Qwen/Qwen2.5-0.5B-Instruct (its own chat template, holding an answer table) into
     its run folder, and the evaluator, started there, loaded it as the base model. A relative name is a hub id
@@ -747,6 +757,7 @@ def test_grpo_loss_hand_computed():
     assert torch.allclose(with_kl, torch.tensor([-1.1 + 0.5 * k3 / 2, 1.0]))
 
 
+@pytest.mark.slow
 def test_completion_logprobs_match_generation(random_dir, monkeypatch):
     """The loss pass must score each sampled token as the sampler did, left padding included."""
     model, tokenizer = _tiny_model(random_dir / "model", monkeypatch)
@@ -763,6 +774,7 @@ def test_completion_logprobs_match_generation(random_dir, monkeypatch):
     assert torch.allclose(scored, sampled, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
     """Proof that the update learns: on "always answer 4", reward alone moves the policy to the answer."""
     model, tokenizer = _tiny_model(tiny_dir / "model", monkeypatch)
@@ -784,6 +796,7 @@ def test_grpo_raises_mean_reward(tiny_dir, monkeypatch):
     assert after >= 0.9
 
 
+@pytest.mark.slow
 def test_cpu_defaults_learn_on_the_tiny_task(tiny_dir, monkeypatch):
     """The smoke runs' hyperparameters (train.py's cpu branch) must move the tiny model within a 30 s run: the
     old 2e-6 left it unchanged (KL 0) for a whole run. It learns that 8 and 9, the commonest sums, beat its 7."""
@@ -805,6 +818,7 @@ def test_cpu_defaults_learn_on_the_tiny_task(tiny_dir, monkeypatch):
     assert after >= before + 0.1
 
 
+@pytest.mark.slow
 def test_train_script_end_to_end(tiny_dir, tmp_path, monkeypatch):
     env = _env(tmp_path / "cache", tiny_dir / "model", AUTORESEARCH_TIME_BUDGET="3",
                AUTORESEARCH_ARTIFACT=str(tmp_path / "artifact"))
@@ -821,12 +835,12 @@ def test_train_script_end_to_end(tiny_dir, tmp_path, monkeypatch):
     prepare.load_artifact(base, tmp_path / "artifact")  # train.py saved weights the evaluator accepts
 
 # ---------------------------------------------------------------------------
-# The README's offline recipe, line by line
+# docs/grpo.md's offline recipe, line by line
 # ---------------------------------------------------------------------------
 
 def _readme_recipe() -> list[str]:
-    """The command lines of the README's offline GRPO recipe (the bash block after "Offline, on a CPU")."""
-    section = (REPO / "README.md").read_text().split("<!-- section: grpo -->", 1)[1].split("<!-- section:", 1)[0]
+    """The command lines of docs/grpo.md's offline GRPO recipe (the bash block after "Offline, on a CPU")."""
+    section = (REPO / "docs" / "grpo.md").read_text().split("<!-- section: grpo -->", 1)[1].split("<!-- section:", 1)[0]
     block = section.split("Offline, on a CPU", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip()]
 
@@ -834,8 +848,9 @@ def _readme_recipe() -> list[str]:
 def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
     """Every line in order, in this process: `uv run X.py args` calls X's main(args), with /tmp moved under
     tmp_path. The two preflights are the real gate (random model on GSM8K: refused; tiny model on its sums:
-    passes). agent.py's loop needs a git checkout and minutes, so its line is checked by agent's own parser."""
-    import agent
+    passes). agent.py's loop needs a git checkout and minutes, so its line is checked by agent.py's own parser
+    (harness.settings.parse)."""
+    from harness import settings
 
     monkeypatch.chdir(REPO)
     ran = []
@@ -864,7 +879,7 @@ def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
             ran.append(script + " " + " ".join(argv).replace(str(tmp_path), "/tmp"))
             if script == "agent.py":
                 assert Path.cwd() == REPO
-                args = agent.parse_args(argv)  # exits 2 on a missing --tag or a bad flag
+                args = settings.parse(argv)  # exits 2 on a missing --tag or a bad flag
                 assert (args.target, args.proposer, args.max_experiments) == ("grpo", "random", 2)
                 continue
             assert Path.cwd() == GRPO, line
@@ -893,10 +908,11 @@ def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
 
 
 
+@pytest.mark.slow
 def test_the_evaluator_opens_nothing_but_its_declared_reads_and_the_artifact(tiny_dir, tmp_path, monkeypatch):
     """Traced with strace: `prepare.py --evaluate DIR` of the GRPO target opens only the system's, the environment's,
     its pristine copy's files, --frozen-inputs' eval_reads (the test split, the base model) and the artifact."""
-    from test_confinement import opened_outside
+    from helpers import opened_outside
     prepare.import_source(tiny_dir / "sums")
     policy, _ = _tiny_model(tiny_dir / "model", monkeypatch)
     prepare.save_artifact(policy, tmp_path / "artifact")

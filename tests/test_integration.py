@@ -4,11 +4,13 @@ driven, and report.py read, in tests/test_cheats_real.py)."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import git
+import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
+pytestmark = pytest.mark.slow      # the loop trains the tiny Qwen2 with GRPO
 
 
 def test_agent_runs_the_grpo_target_with_the_random_proposer(grpo_repo):

@@ -2,20 +2,26 @@
 Noise-aware verdicts, offline, on a stand-in train.py whose val_bpb is 1.0 - gain + Gaussian noise of known sd (0.01)
 seeded by AUTORESEARCH_SEED, and whose constants change nothing (tests/agent_target.NOISY_TRAIN): the
 baseline runs measure the noise floor; a no-op is (almost) never kept with confirmation, often without; a real gain of
-3 sd is kept.
+3 sd is kept. The statistics over hundreds of no-op experiments are the rule's arithmetic on the stand-in's draws:
+they are simulated in-process with the same draws (agent_target.noisy_metric) and the real harness.verdict.judge,
+and short real loops check that the loop's runs, seeds and verdicts are exactly the simulated ones.
 """
 
 import statistics
 from pathlib import Path
 
 import git
+import pytest
 
 import agent
 import report
 from harness import prompts
-from agent_target import NOISE_SD, edit, make_noisy_target
+from harness.experiment import seed_of
+from harness.runner import Outcome
+from harness.verdict import Rule, judge
+from agent_target import NOISE_SD, STRICT, edit, make_noisy_target, noisy_metric
 from llm_server import ScriptedLLM
-from test_agent import events, rows
+from helpers import events, rows
 
 
 def loop(target, *extra):
@@ -23,49 +29,95 @@ def loop(target, *extra):
     return agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "random", *extra])
 
 
+def noisy_target(root, monkeypatch, salt=0):
+    """make_noisy_target in root/repo with its data "prepared" in root/cache."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(root / "cache"))
+    (root / "cache").mkdir(parents=True)
+    (root / "cache" / "ready").touch()
+    return make_noisy_target(root / "repo", salt)
+
+
+def simulate(salt, experiments, baseline_runs=3, confirm=1):
+    """The loop's verdicts on `experiments` no-op proposals of the noisy stand-in, in-process: the baseline's runs
+    (seeds seed_of(0, run)), their mean the first best and their sd the rule's noise floor, then for each experiment n
+    the real judge() on its first run (seed seed_of(n, 0)) and its further runs, the best moving to a kept mean.
+    Returns (the baseline's runs, [Verdict of experiment 1, 2, ...], [(n, seed) of every run in order])."""
+    seeds = [(0, seed_of(0, run)) for run in range(baseline_runs)]
+    runs = tuple(noisy_metric(salt, seed) for _, seed in seeds)
+    rule = Rule("min", confirm, None, statistics.stdev(runs) if len(runs) > 1 else None, len(runs))
+    best, verdicts = statistics.fmean(runs), []
+    for n in range(1, experiments + 1):
+        def run_of(run, again=False):
+            assert not again                                     # NOISY_TRAIN states no tokens/s: never repeated
+            seeds.append((n, seed_of(n, run)))
+            return Outcome(commit="0" * 40, metric=noisy_metric(salt, seed_of(n, run)), memory_gb=0.0, seconds=0.0)
+        verdicts.append(judge(run_of(0), run_of, rule, best))
+        best = verdicts[-1].metric if verdicts[-1].status == "keep" else best
+    return runs, verdicts, seeds
+
+
 def test_five_baseline_runs_measure_the_noise_floor(tmp_path, monkeypatch, capsys):
     """The sd of 5 draws is itself noisy (about 35 % relative spread), so three independent draws of the noise
-    (salts 0, 1, 2) are pooled: their root-mean-square sd is within 30 % of the true 0.01."""
-    measured = []
-    for salt in range(3):
-        root = tmp_path / str(salt)
-        monkeypatch.setenv("AUTORESEARCH_CACHE", str(root / "cache"))
-        (root / "cache").mkdir(parents=True)
-        (root / "cache" / "ready").touch()
-        target = make_noisy_target(root / "repo", salt)
-        assert loop(target, "--baseline-runs", "5", "--max-experiments", "0") == 0
-        baseline = events(target, "experiment")[0]
-        assert [e["seed"] for e in events(target, "run")] == [0, 1, 2, 3, 4] and len(baseline["runs"]) == 5
-        assert baseline["noise_sd"] == statistics.stdev(baseline["runs"])
-        assert abs(baseline["metric"] - statistics.fmean(baseline["runs"])) < 1e-12
-        assert rows(target)[0].split("\t")[1:] == [f"{baseline['metric']:.6f}", "0.0", "keep", "baseline (5 runs)"]
-        assert f"noise floor: val_bpb sd {baseline['noise_sd']:.6f} over 5 seeds" in capsys.readouterr().out
-        measured.append(baseline["noise_sd"])
+    (salts 0, 1, 2) are pooled: their root-mean-square sd is within 30 % of the true 0.01. The loop measures salt 0's
+    (its seeds, runs, mean, sd, row and printed line); salts 1 and 2 are the same draws simulated."""
+    target = noisy_target(tmp_path, monkeypatch, salt=0)
+    assert loop(target, "--baseline-runs", "5", "--max-experiments", "0") == 0
+    baseline = events(target, "experiment")[0]
+    assert [e["seed"] for e in events(target, "run")] == [0, 1, 2, 3, 4] and len(baseline["runs"]) == 5
+    assert baseline["runs"] == list(simulate(0, 0, baseline_runs=5)[0])
+    assert baseline["noise_sd"] == statistics.stdev(baseline["runs"])
+    assert abs(baseline["metric"] - statistics.fmean(baseline["runs"])) < 1e-12
+    assert rows(target)[0].split("\t")[1:] == [f"{baseline['metric']:.6f}", "0.0", "keep", "baseline (5 runs)"]
+    assert f"noise floor: val_bpb sd {baseline['noise_sd']:.6f} over 5 seeds" in capsys.readouterr().out
+    measured = [statistics.stdev(simulate(salt, 0, baseline_runs=5)[0]) for salt in range(3)]
+    assert measured[0] == baseline["noise_sd"]
     pooled = statistics.fmean(sd ** 2 for sd in measured) ** 0.5
     assert abs(pooled - NOISE_SD) <= 0.3 * NOISE_SD, measured
 
 
-def test_no_op_proposals_are_not_kept_with_confirmation_but_are_without(tmp_path, monkeypatch):
+def test_no_op_proposals_are_not_kept_with_confirmation_but_are_without():
     """50 random proposals with a true gain of 0, in three independent draws of the noise (salts 0, 1, 2): at most 2
     kept per 50 with the default verdict; visibly more with karpathy's strict single-run ratchet (one baseline run,
-    --confirm 0)."""
+    --confirm 0). Simulated (see simulate); test_the_loop_gives_the_simulated_verdicts runs the same on real runs."""
     kept = {"noise-aware": [], "strict": []}
     for salt in range(3):
-        for mode, flags in (("noise-aware", []), ("strict", ["--baseline-runs", "1", "--confirm", "0"])):
-            root = tmp_path / f"{mode}-{salt}"
-            monkeypatch.setenv("AUTORESEARCH_CACHE", str(root / "cache"))
-            (root / "cache").mkdir(parents=True)
-            (root / "cache" / "ready").touch()
-            target = make_noisy_target(root / "repo", salt)
-            assert loop(target, "--max-experiments", "50", *flags) == 0
-            history = events(target, "experiment")
-            assert len(history) == 51 and len(rows(target)) == 51
-            kept[mode].append(sum(e["status"] == "keep" for e in history[1:]))
-            for e, row in zip(history[1:], rows(target)[1:]):     # a confirmed candidate's row says so
-                assert row.endswith(" (2 runs)") == (len(e.get("runs") or []) == 2), row
+        for mode, (baseline_runs, confirm) in (("noise-aware", (3, 1)), ("strict", (1, 0))):
+            verdicts = simulate(salt, 50, baseline_runs, confirm)[1]
+            assert len(verdicts) == 50 and {v.status for v in verdicts} <= {"keep", "discard"}
+            assert all(len(v.runs) in ((1, 2) if confirm else (1,)) for v in verdicts)
+            kept[mode].append(sum(v.status == "keep" for v in verdicts))
     print("kept per draw of the noise:", kept)
     assert max(kept["noise-aware"]) <= 2, kept
     assert sum(kept["strict"]) >= 3 * max(1, sum(kept["noise-aware"])), kept
+
+
+SALT = 128      # its first 3 no-ops: a confirmed discard, a confirmed keep, a first-run discard against the new best;
+                # strictly: a keep, a discard, a keep on the new best (asserted below, from the simulation)
+
+
+@pytest.mark.parametrize("mode", ["noise-aware", "strict"])
+def test_the_loop_gives_the_simulated_verdicts(tmp_path, monkeypatch, mode):
+    """3 no-op experiments through the real loop: every run's seed and metric, each verdict (status, runs, mean)
+    and each row are the simulation's for the same draws."""
+    flags, (baseline_runs, confirm) = ([], (3, 1)) if mode == "noise-aware" else (STRICT, (1, 0))
+    runs, verdicts, seeds = simulate(SALT, 3, baseline_runs, confirm)
+    paths = [(v.status, len(v.runs)) for v in verdicts]
+    assert paths == ([("discard", 2), ("keep", 2), ("discard", 1)] if confirm else
+                     [("keep", 1), ("discard", 1), ("keep", 1)])      # the draws exercise these paths of the rule
+    target = noisy_target(tmp_path, monkeypatch, salt=SALT)
+    assert loop(target, "--max-experiments", "3", *flags) == 0
+    assert [(e["n"], e["seed"]) for e in events(target, "run")] == seeds
+    assert [e["metric"] for e in events(target, "run_end")] == [noisy_metric(SALT, seed) for _, seed in seeds]
+    baseline, *history = events(target, "experiment")
+    assert baseline["runs"] == list(runs) and baseline["metric"] == statistics.fmean(runs)
+    assert [(e["status"], tuple(e["runs"]), e["metric"]) for e in history] == \
+        [(v.status, v.runs, v.metric) for v in verdicts]
+    assert len(rows(target)) == 4
+    for v, row in zip(verdicts, rows(target)[1:]):                    # a confirmed candidate's row says so
+        assert row.split("\t")[1:4] == [f"{v.metric:.6f}", "0.0", v.status]
+        assert row.endswith(" (2 runs)") == (len(v.runs) == 2), row
+    kept = [e["full_commit"] for e in history if e["status"] == "keep"]
+    assert git.Repo(target).commit("autoresearch/t").hexsha == kept[-1]
 
 
 def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkeypatch, capsys):

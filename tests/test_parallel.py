@@ -21,9 +21,9 @@ import agent
 import report
 from agent_target import STRICT, edit, make_target
 from llm_server import ScriptedLLM
-from test_agent import AGENT, events, live_members, rows, tree_is_clean
+from helpers import AGENT, events, live_members, rows, tree_is_clean
 
-from harness import pool, sandbox
+from harness import pool, sandbox, settings
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -151,6 +151,7 @@ def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(tar
                      r"proposal wait \d+ device-seconds$", capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
     slow(target, 4.0)
     argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60", *STRICT,
@@ -197,6 +198,7 @@ def local_ray(target, monkeypatch):
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_runs_the_experiments_and_retries_a_lost_worker_once(target, local_ray):
     with ScriptedLLM([LR_UP, KILL_WORKER, KILL_ONCE]) as llm:
         assert loop(target, llm, "--max-experiments", "3", "--ray", "auto", "--sandbox", "off",
@@ -220,6 +222,7 @@ def test_ray_runs_the_experiments_and_retries_a_lost_worker_once(target, local_r
     assert "=== separate evaluation" in (target / ".git" / "autoresearch" / "t" / "logs" / "0003-0.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_ray_node_without_data_prepares_it_with_the_frozen_prepare(target, tmp_path, monkeypatch):
     """The node's workers see another data cache (empty): the task runs the pristine prepare.py there first."""
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -239,6 +242,7 @@ def test_a_ray_node_without_data_prepares_it_with_the_frozen_prepare(target, tmp
     assert "Data: prepared" in (target / ".git" / "autoresearch" / "t" / "logs" / "0000-0.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_ray_node_hides_the_drivers_repository_from_train_py(monkeypatch):
     """The driver's machine is a node too (`ray start --head` here): its repository, outside /tmp (which the sandbox
     replaces anyway), must be as hidden from train.py as in a local run: the best's artifact, the logs, the ledger."""
@@ -276,7 +280,7 @@ def test_bad_devices_and_ray_flags_are_refused(target, capsys):
                            (["--devices", "0", "--ray", "auto"], "pick one"),
                            *[(["--devices", "0,1"], "this machine has no NVIDIA GPU")] * (pool.nvidia_gpus() == 0)):
         with pytest.raises(SystemExit) as e:
-            agent.parse_args(["--tag", "t", "--proposer", "random", *flags])
+            settings.parse(["--tag", "t", "--proposer", "random", *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err
     pytest.importorskip("ray")
     started = time.monotonic()                 # a dead address fails fast (Ray itself retries it for minutes)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,8 +20,8 @@ import torch
 
 import prepare as P
 
-REPO = Path(__file__).resolve().parents[1]
-CORPORA = REPO.parent / "shared" / "data" / "corpora"
+from helpers import CORPORA, REPO, Bigram
+
 # A small profile so the tests train a tokenizer and evaluate in well under a second.
 TINY = P.Profile("tiny", max_seq_len=64, eval_tokens=64 * 20, vocab_size=320, doc_chars=160)
 
@@ -146,6 +145,7 @@ def test_bad_sources_exit_with_a_message(tmp_path, setup, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_check_and_profile_mismatch(tiny_cache, tmp_path):
     missing = run_prepare("--check", cache=tmp_path / "empty")
     assert missing.returncode == 1 and "run prepare.py first" in missing.stderr
@@ -246,17 +246,6 @@ class Uniform(torch.nn.Module):
 
     def forward(self, x):
         return torch.zeros(*x.shape, self.V)
-
-
-class Bigram(torch.nn.Module):
-    """Logits from the current token only: causal, and not uniform."""
-
-    def __init__(self, V):
-        super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
-
-    def forward(self, x):
-        return self.table[x]
 
 
 class PeeksAhead(Bigram):

@@ -27,40 +27,54 @@ def assert_png_drawn(path):
 
 
 # ---------------------------------------------------------------------------
-# The notebook, top to bottom, once per fixture (a kernel start is the slow part)
+# The notebook, top to bottom, once per fixture, all in one kernel (a kernel start is the slow part): each run starts
+# with `%reset -f`, so it sees only its own parameters, as in a fresh kernel
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fixture, events", [
-    ("normal.tsv", "normal_events.jsonl"),
-    ("no_keeps.tsv", None),
-    ("only_crashes.tsv", None),
-    ("extra_columns.tsv", None),
-    ("partial_line.tsv", None),
-    ("header_only.tsv", None),
-])
-def test_notebook_runs_top_to_bottom(fixture, events, tmp_path):
-    nb = nbformat.read(REPO / "analysis.ipynb", as_version=4)
-    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(params) == 1, "analysis.ipynb needs exactly one cell tagged 'parameters'"
-    png = tmp_path / "progress.png"
-    events_path = str(FIXTURES / events) if events else None
-    params[0].source = (f"RESULTS = {str(FIXTURES / fixture)!r}\nEVENTS = {events_path!r}\nTAG = None\n"
-                        f"GOAL = None\nPNG = {str(png)!r}")
-    # the kernel must be the Python running the tests (the project venv), not whatever `python` is on PATH
-    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
-    NotebookClient(nb, kernel_name="python3", timeout=60, resources={"metadata": {"path": str(REPO)}}).execute()
+NOTEBOOK_FIXTURES = [("normal.tsv", "normal_events.jsonl"), ("no_keeps.tsv", None), ("only_crashes.tsv", None),
+                     ("extra_columns.tsv", None), ("partial_line.tsv", None), ("header_only.tsv", None)]
 
-    assert Path(nb.cells[-1].outputs[0]["text"].strip()).resolve() == Path(sys.executable).resolve()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+
+@pytest.fixture(scope="module")
+def notebook_runs(tmp_path_factory):
+    """analysis.ipynb executed for every fixture in one kernel: {fixture: (its code cells as executed, its PNG)}."""
+    nb = nbformat.read(REPO / "analysis.ipynb", as_version=4)
+    params = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, "analysis.ipynb needs exactly one cell tagged 'parameters'"
+    combined, spans = nbformat.v4.new_notebook(metadata=nb.metadata), {}
+    for fixture, events in NOTEBOOK_FIXTURES:
+        png = tmp_path_factory.mktemp("notebook") / "progress.png"
+        events_path = str(FIXTURES / events) if events else None
+        cells = [nbformat.v4.new_code_cell("%reset -f")] + [nbformat.from_dict(c) for c in nb.cells]
+        cells[1 + params[0]].source = (f"RESULTS = {str(FIXTURES / fixture)!r}\nEVENTS = {events_path!r}\n"
+                                       f"TAG = None\nGOAL = None\nPNG = {str(png)!r}")
+        # the kernel must be the Python running the tests (the project venv), not whatever `python` is on PATH
+        cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
+        spans[fixture] = (len(combined.cells), len(combined.cells) + len(cells), png)
+        combined.cells.extend(cells)
+    NotebookClient(combined, kernel_name="python3", timeout=60, allow_errors=True,
+                   resources={"metadata": {"path": str(REPO)}}).execute()
+    return {fixture: ([c for c in combined.cells[a:b] if c.cell_type == "code"], png)
+            for fixture, (a, b, png) in spans.items()}
+
+
+@pytest.mark.parametrize("fixture, events", NOTEBOOK_FIXTURES)
+@pytest.mark.slow
+def test_notebook_runs_top_to_bottom(fixture, events, notebook_runs):
+    cells, png = notebook_runs[fixture]
+    assert Path(cells[-1].outputs[0]["text"].strip()).resolve() == Path(sys.executable).resolve()
+    errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert errors == []
     assert_png_drawn(png)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    text = "".join(o.get("text", "") for c in cells for o in c.outputs)
     expected_counts = {"normal.tsv": "3 keep, 2 discard, 1 crash", "no_keeps.tsv": "1 keep, 2 discard, 0 crash",
                        "only_crashes.tsv": "0 keep, 0 discard, 2 crash", "extra_columns.tsv": "2 keep, 0 discard, 1 crash",
                        "partial_line.tsv": "2 keep, 0 discard, 0 crash", "header_only.tsv": "0 keep, 0 discard, 0 crash"}
     assert expected_counts[fixture] in text
     if events:
         assert "6 experiments in 29m00s" in text
+    else:
+        assert "no events file: time and cost are not known" in text      # nothing left from the run before
 
 
 # ---------------------------------------------------------------------------

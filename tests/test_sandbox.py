@@ -15,16 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import sandbox  # noqa: E402
 from harness.runner import interpreter  # noqa: E402
-
-
-def require_bwrap():
-    """Skip unless bubblewrap works here; fail instead in CI."""
-    reason = sandbox.probe()
-    if reason is not None:
-        # CI installs bubblewrap: a skip there would hide a regression.
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail(f"bubblewrap unusable in CI: {reason}")
-        pytest.skip(reason)
+from helpers import require_bwrap  # noqa: E402
 
 
 def python_in(run_dir, code, **kw):

@@ -1,36 +1,22 @@
 """Tests of train.py (the mutable side): attention fallback, model causality, a real short run."""
 
 import math
-import os
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import prepare as P
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, parse_summary, run_train
+
 SUMMARY_KEYS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                 "total_tokens_M", "num_steps", "num_params_M", "depth"]  # karpathy's keys, in his order
 
 
-def train_definitions():
-    """Execute train.py up to its hyperparameter section: the device setup, model and optimizer
-    definitions, without loading data or training. Returns the resulting namespace."""
-    source = (REPO / "train.py").read_text()
-    head = source.split("# Prepared data and hyperparameters")[0]
-    namespace = {"__name__": "train_definitions", "SOFTCAP": 15.0}
-    exec(compile(head, str(REPO / "train.py"), "exec"), namespace)
-    return namespace
-
-
 @pytest.fixture(scope="module")
-def T():
-    return train_definitions()
+def T(train_defs):
+    return train_defs
 
 
 def reference_attention(q, k, v, window):
@@ -123,18 +109,9 @@ def test_muon_orthogonalizes(T):
     assert s.min() > 0.5 and s.max() < 1.5  # singular values pushed towards 1 (the quintic is not exact)
 
 
-def run_train(cache, budget, script=REPO / "train.py", cwd=REPO, env=None):
-    env = {**os.environ, "AUTORESEARCH_CACHE": str(cache), P.TIME_BUDGET_ENV: str(budget), **(env or {})}
-    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-
-
-def parse_summary(stdout):
-    block = stdout.split("\n---\n")[-1]
-    return dict(re.match(r"^(\w+):\s+(.*)$", line).groups() for line in block.strip().splitlines())
-
-
-def test_short_cpu_run_prints_a_parsable_summary(cpu_cache):
-    result = run_train(cpu_cache, budget=4, env={"AUTORESEARCH_SEED": "7"})
+@pytest.mark.slow
+def test_short_cpu_run_prints_a_parsable_summary(cpu_cache, gpt_run):
+    result = gpt_run[0]                           # budget 4, AUTORESEARCH_SEED 7 (conftest.py)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = parse_summary(result.stdout)
     assert summary["seed"] == "7"                 # the harness's seed: init and data order
@@ -163,6 +140,7 @@ def edited_train(tmp_path, old, new):
     return tmp_path / "train.py"
 
 
+@pytest.mark.slow
 def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
     script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 24\n")
     result = run_train(cpu_cache, 2, script, tmp_path)
@@ -170,6 +148,7 @@ def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
     assert "TOTAL_BATCH_SIZE=4096" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
 
 
+@pytest.mark.slow
 def test_nan_loss_fails_fast(cpu_cache, tmp_path):
     script = edited_train(tmp_path, "loss_value = loss.item()", "loss_value = loss.item() * float('nan')")
     result = run_train(cpu_cache, 30, script, tmp_path)
@@ -178,6 +157,7 @@ def test_nan_loss_fails_fast(cpu_cache, tmp_path):
     assert "val_bpb:" not in result.stdout
 
 
+@pytest.mark.slow
 def test_missing_cache_says_run_prepare_first(tmp_path):
     result = run_train(tmp_path / "nothing-here", 2)
     assert result.returncode == 1 and "run prepare.py first" in result.stderr

@@ -16,7 +16,7 @@ import agent
 import report
 from agent_target import SECRET, STRICT, edit
 from llm_server import ScriptedLLM
-from test_agent import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
+from helpers import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
 
 
 def try_(target, *extra):
