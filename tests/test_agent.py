@@ -263,7 +263,9 @@ def test_detached_head_is_refused(target, capsys):
 # ---------------------------------------------------------------------------
 
 
-def test_random_proposer_three_iterations(target):
+def test_random_proposer_three_iterations_then_a_resume_adds_the_difference(target):
+    """--proposer random, 3 experiments; then --max-experiments 5 on the same tag adds 2 (one loop for both checks:
+    the first run is the same in each)."""
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "3") == 0
     found = rows(target)
     assert len(found) == 4 and found[0] == baseline_row(target)
@@ -274,10 +276,7 @@ def test_random_proposer_three_iterations(target):
     branch = [c.hexsha[:7] for c in repo.iter_commits("autoresearch/t", first_parent=True)][::-1]
     assert branch == [r.split("\t")[0] for r in found if r.split("\t")[3] == "keep"]
     assert repo.git.status("--porcelain") == ""               # outputs are untracked and ignored
-
-
-def test_max_experiments_resume_adds_the_difference(target):
-    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "3") == 0
+    # the resume: --max-experiments counts the tag's experiments, so 5 adds the difference
     first = rows(target)
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "5") == 0
     assert rows(target)[:4] == first and len(rows(target)) == 6

@@ -299,6 +299,7 @@ def test_probe_cuts_cover_late_positions(cache):
 # bad artifacts: a clear message and a non-zero exit
 
 
+@pytest.mark.slow
 def test_missing_artifact_exits_non_zero_with_a_message(cache, tmp_path):
     result = evaluate(tmp_path / "nothing.pt2", cache.root)
     assert result.returncode == 1

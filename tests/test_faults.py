@@ -202,7 +202,8 @@ def start_in_own_group(target, llm):
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-@pytest.mark.parametrize("when", ["training", pytest.param("waiting for the LLM", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["training", "waiting for the LLM"])
 def test_ctrl_c_to_the_whole_process_group_stops_cleanly(target, when):
     """The terminal sends SIGINT to every process of the foreground group, GitPython's git cat-file children too."""
     with ScriptedLLM([SLOW], delay=0.0 if when == "training" else 8.0) as llm:

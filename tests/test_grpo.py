@@ -46,8 +46,22 @@ def _load(name: str, prepare_module=None, path: Path | None = None):
 # One thread: on a small shared CPU, torch's second OpenMP thread makes generation ~20x slower, not faster.
 torch.set_num_threads(1)
 
+
+class _OnFirstUse:
+    """grpo/<name>.py, imported on first use: tiny.py imports transformers' model classes (seconds), which
+    `pytest -m "not slow"` never needs."""
+
+    def __init__(self, name):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr):
+        if self._module is None:
+            self._module = _load(self._name, prepare)
+        return getattr(self._module, attr)
+
+
 prepare = _load("prepare")
-tiny = _load("tiny", prepare)
+tiny = _OnFirstUse("tiny")
 train = _load("train", prepare)
 
 
@@ -304,6 +318,7 @@ def test_download_errors_name_the_offline_fix(hub, capsys):
 # Model loading
 # ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_load_model_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_GRPO_MODEL", str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit, match="does not exist: fix AUTORESEARCH_GRPO_MODEL"):

@@ -120,6 +120,7 @@ def test_no_speculate_asks_only_when_the_device_is_free(target):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(target, tmp_path, capsys):
     slow(target, 2.0)
     with ScriptedLLM([LR_UP + "\n" + DEPTH_DOWN, WARMUP], delay=0.2) as llm:

@@ -137,6 +137,7 @@ def test_parquet_source_and_missing_column(tmp_path):
     (lambda d: d, "holds no .txt, .jsonl or .parquet files"),
     (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d, "source is empty"),
 ])
+@pytest.mark.slow
 def test_bad_sources_exit_with_a_message(tmp_path, setup, message):
     src = tmp_path / "src"
     src.mkdir()

@@ -10,6 +10,10 @@ import prepare as P
 
 from helpers import REPO, parse_summary, run_train
 
+# every test executes train.py's definitions or runs it: its device setup alone measures the CPU's matmul speed
+# (seconds of emulated bf16), and the runs need the corpora prepared with the CPU profile
+pytestmark = pytest.mark.slow
+
 SUMMARY_KEYS = ["val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                 "total_tokens_M", "num_steps", "num_params_M", "depth"]  # karpathy's keys, in his order
 
@@ -109,7 +113,6 @@ def test_muon_orthogonalizes(T):
     assert s.min() > 0.5 and s.max() < 1.5  # singular values pushed towards 1 (the quintic is not exact)
 
 
-@pytest.mark.slow
 def test_short_cpu_run_prints_a_parsable_summary(cpu_cache, gpt_run):
     result = gpt_run[0]                           # budget 4, AUTORESEARCH_SEED 7 (conftest.py)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -140,7 +143,6 @@ def edited_train(tmp_path, old, new):
     return tmp_path / "train.py"
 
 
-@pytest.mark.slow
 def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
     script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 24\n")
     result = run_train(cpu_cache, 2, script, tmp_path)
@@ -148,7 +150,6 @@ def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
     assert "TOTAL_BATCH_SIZE=4096" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
 
 
-@pytest.mark.slow
 def test_nan_loss_fails_fast(cpu_cache, tmp_path):
     script = edited_train(tmp_path, "loss_value = loss.item()", "loss_value = loss.item() * float('nan')")
     result = run_train(cpu_cache, 30, script, tmp_path)
@@ -157,7 +158,6 @@ def test_nan_loss_fails_fast(cpu_cache, tmp_path):
     assert "val_bpb:" not in result.stdout
 
 
-@pytest.mark.slow
 def test_missing_cache_says_run_prepare_first(tmp_path):
     result = run_train(tmp_path / "nothing-here", 2)
     assert result.returncode == 1 and "run prepare.py first" in result.stderr

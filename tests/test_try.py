@@ -193,7 +193,7 @@ def start_try(target, *extra):
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("sandbox", ["auto", "off"])
+@pytest.mark.parametrize("sandbox", ["auto", pytest.param("off", marks=pytest.mark.slow)])
 def test_your_work_during_a_run_is_never_undone(target, sandbox):
     """Steering program.md, committing on main, stashing, editing the next idea in train.py while `try` trains: all
     of it stays. Inside the sandbox it is not the run's doing, so the run is judged normally; without the sandbox
