@@ -109,8 +109,7 @@ def start(s, loop, idea):
         return
     n, loop.assigned = loop.assigned, loop.assigned + 1
     sha = experiment.commit(s, n, idea.source, idea.description)
-    best = next(e for e in reversed(s.history) if e["status"] == "keep")
-    job = ideas.Job(n, idea, sha, s.best_commit, s.best_metric, best.get("tokens_per_sec"), cost=idea.cost)
+    job = ideas.Job(n, idea, sha, s.best_commit, s.best_metric, s.best_event.get("tokens_per_sec"), cost=idea.cost)
     device = loop.pool.submit(functools.partial(measure, s), job)
     s.log("started", n=n, device=device.name, base=s.best_commit, wave=idea.wave)
 

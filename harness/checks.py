@@ -80,11 +80,11 @@ def try_baseline_state(s, here, best, best_bytes, describe):
                          "rerun")
 
 
-def branch_exists_for_history(s, kept):
+def branch_exists_for_history(s):
     """A tag with experiments needs its branch."""
     if s.history and s.branch not in s.repo.heads:
         raise SetupError(f"{ledger.EVENTS} has experiments for tag {s.settings.tag!r} but branch {s.branch} is gone; "
-                         f"restore it with `git branch {s.branch} {kept[-1]['full_commit']}` or pick a new --tag")
+                         f"restore it with `git branch {s.branch} {s.best_event['full_commit']}` or pick a new --tag")
 
 
 def human_commits_leave_measured_files(s, tip):

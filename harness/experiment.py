@@ -192,8 +192,7 @@ def record(s, result):
     for snap in s.live:
         snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
     s.history.append(event)
-    best = r.n if status == "keep" else next(e["n"] for e in reversed(s.history) if e["status"] == "keep")
-    holdout.prune_artifacts(s.home, (0, best), len(s.history))
+    holdout.prune_artifacts(s.home, (0, s.best_event["n"]), len(s.history))
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")

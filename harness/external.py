@@ -52,8 +52,7 @@ def try_one(s):
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
     sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed)
     outcome = experiment.train(s, n, fixes, sha)
-    best = next(e for e in reversed(s.history) if e["status"] == "keep")
-    judged = experiment.judge(s, n, fixes, outcome, s.best_metric, best.get("tokens_per_sec"))
+    judged = experiment.judge(s, n, fixes, outcome, s.best_metric, s.best_event.get("tokens_per_sec"))
     result = experiment.Result(n, outcome, judged, description, time.monotonic() - t0, fixes=fixes,
                                fields=dict(fix_of=fix_of))
     event = experiment.record(s, result)
@@ -132,7 +131,7 @@ def sync_checkout(s):
 def verdict(s, event, result, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash); result: the experiment.Result (None for the baseline). Returns 0."""
-    best, rule = next(e for e in reversed(s.history) if e["status"] == "keep"), s.rule
+    best, rule = s.best_event, s.rule
     near = event["status"] == "discard" and event["n"] > 0 and rule.near_miss(event["metric"], event["base_metric"])
     lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the noise margin; worth "
                                                                         "combining with another idea)" if near else "")),

@@ -83,6 +83,11 @@ class Session:
     live: list = dataclasses.field(default_factory=list)
 
     @property
+    def best_event(self):
+        """The "experiment" event of the best commit (the last keep), or None before the baseline."""
+        return next((e for e in reversed(self.history) if e["status"] == "keep"), None)
+
+    @property
     def next_n(self):
         """The number of the next experiment."""
         return len(self.history)       # the baseline is experiment 0
@@ -207,9 +212,10 @@ def open_session(settings):
     check_target(target)
     constants = read_frozen_constants(target / "prepare.py")
     all_events, torn = read_ledger(target)
-    s = new_session(settings, target, constants, ledger.tag_state(all_events, settings.tag))
+    state = ledger.tag_state(all_events, settings.tag)
+    s = new_session(settings, target, constants, state)
     checks.one_target(s)
-    recover_runs(s, all_events, torn)
+    recover_runs(s, state.stale_runs, torn)
     checks.one_budget(s)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
     checks.no_stray_rows(s, all_events)
@@ -255,9 +261,9 @@ def new_session(settings, target, constants, state):
     return s
 
 
-def recover_runs(s, all_events, torn):
+def recover_runs(s, stale_runs, torn):
     """What a killed agent left: its training runs (killed now) and a line cut mid-write (kept as an event)."""
-    for stale in ledger.tag_state(all_events, s.settings.tag).stale_runs:
+    for stale in stale_runs:
         runner.kill_stale_run(stale["pgid"], stale.get("cwd") or s.target)
     for name, fragment in torn:
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
@@ -271,9 +277,8 @@ def check_checkout(s):
     changed = gitops.changed_files(s.repo)
     checks.committed_frozen(s, changed)
     checks.branch_not_checked_out(s)
-    kept = [e for e in s.history if e["status"] == "keep"]
     here = (s.target / "train.py").read_bytes()
-    best = kept[-1]["full_commit"] if kept else (s.branch if s.branch in s.repo.heads else "HEAD")
+    best = s.best_event["full_commit"] if s.best_event else (s.branch if s.branch in s.repo.heads else "HEAD")
     best_bytes = file_at_bytes(s, best)
     measured = here == best_bytes or s.settings.command != "loop" or s.train_rel not in changed or duplicate_of(
         s, here.decode("utf-8", "replace")) is not None
@@ -284,8 +289,7 @@ def check_checkout(s):
 def place_branch(s):
     """Create the branch from HEAD, or find the best commit of a resumed one (moving the branch to it when a kill
     came between a keep's event and its move; adopting commits a human added on top)."""
-    kept = [e for e in s.history if e["status"] == "keep"]
-    checks.branch_exists_for_history(s, kept)
+    checks.branch_exists_for_history(s)
     rule = dict(confirm=s.settings.confirm, margin=s.settings.margin)
     if s.branch not in s.repo.heads:
         s.repo.create_head(s.branch, s.repo.head.commit)
@@ -293,7 +297,7 @@ def place_branch(s):
         s.log("start", new_branch=True, best=s.best_commit, **rule)
         return
     # before the baseline is measured, whatever the branch holds is the baseline
-    s.best_commit = kept[-1]["full_commit"] if kept else s.repo.heads[s.branch].commit.hexsha
+    s.best_commit = s.best_event["full_commit"] if s.best_event else s.repo.heads[s.branch].commit.hexsha
     tip = s.repo.heads[s.branch].commit.hexsha
     if tip != s.best_commit and s.repo.is_ancestor(tip, s.best_commit):
         gitops.advance_branch(s.repo, s.branch, s.best_commit, tip)   # a kill between a keep's event and its move
