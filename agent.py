@@ -20,41 +20,48 @@ Every run is hermetic and sandboxed where bubblewrap works; your checkout is nev
 never imports prepare.py or train.py. The map of harness/ is in docs/architecture.md.
 """
 
+import signal
+import sys
+
+if __name__ == "__main__":      # Ctrl-C while the modules load: exit 130 quietly (main handles it from then on)
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+
 import collections
 import dataclasses
 import functools
-import re
-import signal
-import sys
 import time
 from pathlib import Path
 
-from harness import cluster, console, experiment, ideas, ledger
+from harness import checks, cluster, console, experiment, ideas, ledger
 from harness.errors import SetupError, Stop
 from harness.external import try_one
-from harness.gitops import git_dir, lock_repo, open_repo
+from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
 from harness.pool import Pool
-from harness.proposers import Spend, make_proposer, price_key
+from harness.proposers import Spend, make_proposer
 from harness.prompts import SYSTEM_PROMPT, goal_word
 from harness.runner import become_subreaper
 from harness.session import RUN_LOG, open_session
 from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, parse  # noqa: F401  (the loop's rules, stated there)
-from harness.target import FROZEN, check_target, ensure_prepared, read_text, run_prepare
+from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 
 
 @dataclasses.dataclass
 class Loop:
     """The loop's own state: the devices, what waits for them, the next experiment number to hand out (ahead of the
-    recorded ones while candidates are in flight) and the recent failures the breaker counts."""
+    recorded ones while candidates are in flight), the finished candidates waiting for their turn to be recorded,
+    and the recent failures the breaker counts."""
     pool: Pool
     backlog: ideas.Backlog
     assigned: int
     failures: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=BREAKER[1]))
     lookahead: int = 1                  # ideas asked for ahead of a free device (0: --no-speculate)
+    finished: dict = dataclasses.field(default_factory=dict)   # n -> (Job, Outcome, Verdict, ended): not recorded yet
 
     def running(self):
-        """The candidates on devices now (ideas.Job)."""
-        return [job for _, job in self.pool.running.values() if isinstance(job, ideas.Job)]
+        """The candidates started and not recorded yet (ideas.Job): on a device, or finished and waiting for an
+        earlier experiment to be recorded first. Their results are not known to the proposer."""
+        return [job for _, job in self.pool.running.values() if isinstance(job, ideas.Job)] + \
+            [job for job, *_ in self.finished.values()]
 
 
 def research_loop(s, loop):
@@ -66,7 +73,7 @@ def research_loop(s, loop):
     pool, backlog = loop.pool, loop.backlog
     if s.next_n == 0:
         run_baseline(s, loop)
-    finished, reason = {}, None
+    finished, reason = loop.finished, None
     while True:
         while s.next_n in finished:                              # record (and keep), in experiment order
             settle(s, loop, *finished.pop(s.next_n))
@@ -130,6 +137,8 @@ def settle(s, loop, job, outcome, judged, ended):
     result = experiment.Result(job.n, outcome, judged, job.idea.description, ended - job.t0, job.cost,
                                job.idea.repairs, job.fixes, job.base, job.base_metric,
                                fields=dict(wave=job.idea.wave, rebased_from=job.idea.rebased_from))
+    if judged.status == "crash":        # the machine's fault (data gone, disk full) stops the loop: the idea is
+        experiment.check_environment(s, job.n)      # not blamed, nothing is sent for a fix, a rerun redoes it
     if judged.status == "crash" and result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm:
         fixed = ideas.ask_fix(s, loop.backlog, job, result.why, (judged.failed or outcome).log_tail)
         if fixed is not None:
@@ -139,6 +148,7 @@ def settle(s, loop, job, outcome, judged, ended):
         result.judged = dataclasses.replace(judged, status="discard")
         result.reason = (f"superseded: it beat its base {job.base[:7]}, but the best moved to {s.best_commit[:7]} "
                          "while it ran; re-run on the new best")
+        result.fields["superseded"] = True                      # its re-run survives a restart (ideas.unfinished)
         loop.backlog.ideas.appendleft(dataclasses.replace(job.idea, cost=Spend(), rebased_from=job.n))
     event = experiment.record(s, result)
     if event["status"] == "keep":                               # only a measured, kept commit enters the branch
@@ -186,15 +196,14 @@ def research_main(s, proposer, constants):
     until a limit. Returns 0."""
     a, target = s.settings, s.target
     proposer.profile = s.profile
-    proposer.on_retry = lambda retry, problem, delay: on_llm_retry(s, retry, problem, delay)
+    proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
     system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
                                   frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
     devices = list(a.device_list) if a.ray is None else cluster.connect(a.ray, dict(
         sandbox=a.sandbox, source=a.source, profile=s.profile, hide=[s.repo.working_tree_dir, str(git_dir(s.repo))]))
-    if len(devices) > 1 and s.wrap is None and a.ray is None:   # same user, same machine, nothing in between
-        console.say(f"warning: {len(devices)} devices without the sandbox: a run can see and rewrite the files of the "
-                    "runs beside it. Install bubblewrap (--sandbox auto) before trusting an unattended run's verdicts")
-        s.log("warning", reason="several devices without the sandbox")
+    for warning in checks.start_warnings(s, devices, proposer.is_llm):
+        console.say(f"warning: {warning}")
+        s.log("warning", reason=warning)
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
         run_prepare(target, "--preflight", timeout=s.timeout)
@@ -202,17 +211,12 @@ def research_main(s, proposer, constants):
           budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
           speculate=not a.no_speculate, ray=a.ray, confirm=a.confirm, margin=a.margin)
-    if proposer.is_llm and a.max_cost_usd is not None and price_key(a.model) is None:
-        console.say(f"warning: --max-cost-usd {a.max_cost_usd:g} cannot stop this run: model {a.model!r} is not in "
-                    "the price table (PRICES in harness/proposers.py), so its calls count as $0. Add its prices "
-                    "there, or also set --max-experiments or --hours")
     console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
                 f"{s.timeout:g}s, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
-    s.status(s.next_n, f"checking {a.proposer} {a.model or ''} with a 1-token request")
-    proposer.check()                    # a refused key or unknown model stops here, before the baseline
     s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
     loop = Loop(s.pool, ideas.Backlog(proposer, system), max(1, s.next_n), lookahead=0 if a.no_speculate else 1)
+    loop.backlog.ideas.extend(ideas.unfinished(s) if s.history else [])   # what a stop left unmeasured runs first
     try:
         reason = research_loop(s, loop)
     finally:                            # also on Stop and Ctrl-C: the runs in flight are killed, the threads joined
@@ -221,21 +225,16 @@ def research_main(s, proposer, constants):
     console.say(s.pool.throughput(len(s.history)).line())
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
-    if s.evaluation is not None and len(s.history) > 1:      # the gain on data the search never saw
+    if s.evaluation is not None and len(s.history) > 1 and not a.no_holdout:   # the gain on unseen data
         console.say(experiment.holdout_line(s))
     return 0
-
-
-def on_llm_retry(s, retry, problem, delay):
-    """A transient LLM error: log it and show the wait."""
-    s.log("error", where="llm", retry=retry, error=problem[:500], retry_in_s=round(delay, 3))
-    s.status(s.next_n, f"LLM error ({problem[:60]}), retry {retry + 1} in {delay:.0f}s")
 
 
 def main(argv=None):
     """Entry point: `agent.py --tag T ...` runs the loop, `agent.py try --tag T ...` one experiment (try_one). Exit
     codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
     (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)         # Ctrl-C: KeyboardInterrupt, handled below
     settings = parse(list(sys.argv[1:] if argv is None else argv))
     previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
     become_subreaper()                      # a process a run detaches still ends with the run
@@ -244,6 +243,8 @@ def main(argv=None):
         target = Path(settings.target).resolve()
         check_target(target)
         proposer = make_proposer(settings) if settings.command == "loop" else None   # a missing key stops here
+        if proposer is not None:        # one 1-token request: a dead server, a refused key or an unknown model
+            proposer.check()            # stop here, before anything is created or trained
         with lock_repo(open_repo(target)):
             ready = ensure_prepared(target, settings.source)      # a fresh machine: prepared here, with progress
             s, constants = open_session(settings)
@@ -256,17 +257,17 @@ def main(argv=None):
         log_stop(s, "error", str(e))
         console.error(f"agent.py: stopped: {e}")
         return 1
+    except (GitError, OSError) as e:        # git or the machine (disk full, a file made read-only): every record
+        if failure_words(e) is None:        # before it is complete, a rerun resumes from there
+            raise
+        console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")
+        return 1
     except KeyboardInterrupt:
         log_stop(s, "interrupted", "interrupted")
         print(f"\nagent.py: interrupted; {after_interrupt(s, settings)}.", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
-
-
-def profile_of(ready):
-    """`prepare.py --check`'s `profile: <name>` line: train.py's `if PROFILE == ...` branch that random/grid edit."""
-    return (re.findall(r"^profile:\s*(\S+)\s*$", ready, re.M) or [None])[-1]
 
 
 def after_interrupt(s, settings):

@@ -50,18 +50,20 @@ torch.set_num_threads(THREADS)
 
 
 def measure_matmul_flops(dtype, n=1024, seconds=0.5):
-    """Best observed FLOP/s of an n x n x n matmul in dtype on DEVICE (2 n^3 FLOPs each)."""
+    """Best observed FLOP/s of an n x n x n matmul in dtype on DEVICE (2 n^3 FLOPs each), tried for about `seconds`
+    (at least once). On the CPU each matmul is timed alone, so that a slow dtype costs one matmul past the deadline."""
     a = torch.randn(n, n, device=DEVICE, dtype=dtype)
     b = torch.randn(n, n, device=DEVICE, dtype=dtype)
+    reps = 1 if DEVICE.type == "cpu" else 4            # accelerators: 4 launches per synchronize
     best = 0.0
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+    while best == 0.0 or time.perf_counter() < deadline:
         t0 = time.perf_counter()
-        for _ in range(4):
+        for _ in range(reps):
             a @ b
         if DEVICE.type != "cpu":
             torch.cuda.synchronize() if DEVICE.type == "cuda" else torch.mps.synchronize()
-        best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t0))
+        best = max(best, reps * 2 * n ** 3 / (time.perf_counter() - t0))
     return best
 
 
@@ -91,7 +93,11 @@ elif DEVICE.type == "mps":
 else:
     # CPUs with AVX512-BF16 / AMX multiply bf16 ~2x faster than float32; others emulate it slowly.
     # Measure both and train in the faster one; MFU is then relative to that dtype's measured peak.
-    fp32_flops, bf16_flops = measure_matmul_flops(torch.float32), measure_matmul_flops(torch.bfloat16)
+    # Emulated bf16 is ~50x slower (one 1024^3 matmul takes seconds): a 256^3 one tells it apart first.
+    fp32_flops = measure_matmul_flops(torch.float32)
+    bf16_flops = measure_matmul_flops(torch.bfloat16, n=256, seconds=0)
+    if bf16_flops > fp32_flops / 4:
+        bf16_flops = measure_matmul_flops(torch.bfloat16)
     DTYPE = torch.bfloat16 if bf16_flops > 1.5 * fp32_flops else torch.float32
     PEAK_FLOPS = bf16_flops if DTYPE == torch.bfloat16 else fp32_flops
     PEAK_SOURCE = f"measured matmul (cpu, {torch.get_num_threads()} threads)"

@@ -70,7 +70,7 @@ class Local:
         """One run: runner.run with the separate evaluation; the run dir is removed afterwards (the artifact moved
         out first when it is a clean one). Returns the Outcome (kind REJECTED when the guard found changes)."""
         s = self.s
-        snapshot = self.snapshot(spec)
+        snapshot = self.snapshot(spec) if s.wrap is None else None   # sandboxed: the repository is out of its reach
         gpu = sandbox.run_gpu(spec.env)
         artifact = spec.run_dir / (spec.evaluation or {}).get("artifact", "artifact")
         evaluation = None
@@ -88,8 +88,10 @@ class Local:
             outcome = runner.run(run)
         finally:                                                   # also on Ctrl-C
             with s.lock:
-                s.live.remove(snapshot)
-                problems = guard.check(s.repo, snapshot, sandboxed=s.wrap is not None, frozen=s.frozen_rels)
+                problems = []
+                if snapshot is not None:
+                    s.live.remove(snapshot)
+                    problems = guard.check(s.repo, snapshot, frozen=s.frozen_rels)
                 if spec.evaluation is not None and runner.artifact_problem(artifact) is None:
                     watch.keep_artifact(artifact)
                 shutil.rmtree(spec.run_dir, ignore_errors=True)
@@ -102,12 +104,10 @@ class Local:
         """The guard's snapshot, taken before the run starts (its very first write is seen too) and registered as a
         run in flight (told of the harness's own changes meanwhile)."""
         s = self.s
+        git_dir = gitops.git_dir(s.repo)
         own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
-               *spec.frozen_dir.rglob("*.py")]
-        git_dir, dirs = gitops.git_dir(s.repo), []
-        if s.wrap is None:       # and what would make git run a program of the run's (in the sandbox: unreachable,
-            own += [git_dir / "config", gitops.global_config(s.repo), *gitops.user_configs()]   # so yours to change)
-            dirs = [git_dir / "hooks", git_dir / "info"]
+               *spec.frozen_dir.rglob("*.py"), git_dir / "config", gitops.global_config(s.repo), *gitops.user_configs()]
+        dirs = [git_dir / "hooks", git_dir / "info"]         # and what would make git run a program of the run's
         with s.lock:
             snapshot = guard.take(s.repo, own, dirs)
             s.live.append(snapshot)

@@ -1,11 +1,12 @@
 """
-HARNESS: the refusals of open_session, one named function each. Each raises SetupError (exit 2, nothing changed)
-with the way out when the tag, the ledger or your checkout is in a state agent.py will not touch: it never
-stashes, resets or deletes your work. Read-only: none of them writes anything.
+HARNESS: the refusals of open_session, one named function each, and the warnings of the loop's start. Each refusal
+raises SetupError (exit 2, nothing changed) with the way out when the tag, the ledger or your checkout is in a state
+agent.py will not touch: it never stashes, resets or deletes your work. Read-only: none of them writes anything.
 """
 
 from harness import gitops, ledger
 from harness.errors import SetupError
+from harness.proposers import price_key
 from harness.target import FROZEN
 
 
@@ -15,6 +16,17 @@ def one_target(s):
     if owner.is_file() and owner.read_text() != s.target_rel:
         raise SetupError(f"tag {s.settings.tag!r} belongs to the target {owner.read_text() or '(the repository root)'!r}"
                          " of this repository; pick another --tag for this target")
+
+
+def numbered(s):
+    """The tag's experiments must be numbered 0..N-1 with #0 the baseline (events.jsonl cut or edited would make a
+    resume reuse numbers and take another experiment for the baseline)."""
+    numbers = [e.get("n") for e in s.history]
+    if numbers != list(range(len(numbers))) or s.history and s.history[0].get("description") != "baseline":
+        shown = ", ".join(map(str, numbers[:12])) + (" ..." if len(numbers) > 12 else "")
+        raise SetupError(f"events.jsonl holds experiments of tag {s.settings.tag} numbered {shown}, not 0..N-1 "
+                         f"starting with the baseline: it was cut or edited. Put the whole file back (from a "
+                         f"backup), or start a new --tag")
 
 
 def one_budget(s):
@@ -44,6 +56,18 @@ def committed_frozen(s, changed):
         raise SetupError(f"uncommitted changes to {', '.join(dirty)}: the experiments run committed code only, so "
                          "these edits would be ignored (and the frozen files are never yours to edit). agent.py never "
                          "stashes, resets or deletes your work: commit or stash them yourself, then rerun")
+
+
+def no_stale_git_locks(s):
+    """A lock file left by a git command that died mid-write (a reboot, kill -9) would make the first keep or record
+    fail after a whole training run: the refs and packed-refs locks are named here, before anything runs."""
+    root = gitops.git_dir(s.repo)
+    stale = sorted((root / "refs").rglob("*.lock")) + [p for p in [root / "packed-refs.lock"] if p.exists()]
+    if stale:
+        raise SetupError(f"stale git lock file{'s' * (len(stale) > 1)} (left by a git command that died mid-write, "
+                         f"e.g. at a reboot): {', '.join(map(str, stale))}. If no git command is running in this "
+                         f"repository, remove {'them' if len(stale) > 1 else 'it'} (rm {' '.join(map(str, stale))}) "
+                         "and rerun")
 
 
 def branch_not_checked_out(s):
@@ -122,3 +146,17 @@ def same_frozen_inputs(s, recorded, found):
                          f"{found['digest'][:12]}, recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer, "
                          "the evaluation data or the base model differ, so new results would not be comparable. "
                          "Restore them, or start a new --tag")
+
+
+def start_warnings(s, devices, is_llm):
+    """What the loop will run although it may not do what you expect, in words: several devices without the
+    sandbox (a run can see the runs beside it); a cost limit that cannot stop a model with no price."""
+    a, found = s.settings, []
+    if len(devices) > 1 and s.wrap is None and a.ray is None:   # same user, same machine, nothing in between
+        found.append(f"{len(devices)} devices without the sandbox: a run can see and rewrite the files of the runs "
+                     "beside it. Install bubblewrap (--sandbox auto) before trusting an unattended run's verdicts")
+    if is_llm and a.max_cost_usd is not None and price_key(a.model) is None:
+        found.append(f"--max-cost-usd {a.max_cost_usd:g} cannot stop this run: model {a.model!r} is not in the price "
+                     "table (PRICES in harness/proposers.py), so its calls count as $0. Add its prices there, or "
+                     "also set --max-experiments or --hours")
+    return found

@@ -5,12 +5,15 @@ never touches files, git or the ledger.
 """
 
 import ast
+import difflib
 import re
 from pathlib import Path
 
 from harness.ledger import SMOKE_LABEL
 
-BLOCK_RE = re.compile(r"^<{7} SEARCH[ \t]*\n(.*?)^={7}[ \t]*\n(.*?)^>{7} REPLACE[ \t]*$", re.S | re.M)
+MARKERS = ("<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE")   # each alone on its line (trailing blanks allowed)
+MALFORMED = ("a block is malformed: every <<<<<<< SEARCH line needs a ======= line and a >>>>>>> REPLACE line, "
+             "in that order")
 
 
 class EditError(Exception):
@@ -24,20 +27,19 @@ def apply_answer(answer, train_src, frozen=("prepare.py",)):
     the blocks are missing, a block names a file other than train.py, a SEARCH does not match exactly once, the
     result is unchanged, or the result does not parse as Python."""
     answer = answer.replace("\r\n", "\n")
-    m = re.search(r"^\s*DESCRIPTION:[ \t]*(.*\S)", answer, re.M)
+    m = re.search(r"^[ \t]*DESCRIPTION:[ \t]*(.*\S)", answer, re.M)
     if not m:
         raise EditError('the answer has no "DESCRIPTION: ..." line')
     description = clean_description(m.group(1))
-    for name in re.findall(r"^\s*FILE:[ \t]*(\S+)", answer, re.M):
+    for name in re.findall(r"^[ \t]*FILE:[ \t]*(\S+)", answer, re.M):
         if Path(name).name != "train.py":
             raise EditError(f"the answer edits {name}, but only train.py may change ({', '.join(frozen)} and "
                             "every other file are read-only)")
-    blocks = BLOCK_RE.findall(answer)
+    blocks = split_blocks(answer)
     if not blocks:
         raise EditError("the answer has no <<<<<<< SEARCH / ======= / >>>>>>> REPLACE block")
     if len(blocks) != answer.count("<<<<<<< SEARCH"):
-        raise EditError("a block is malformed: every <<<<<<< SEARCH line needs a ======= line and a "
-                        ">>>>>>> REPLACE line")
+        raise EditError(MALFORMED)
     source = train_src
     for i, (search, replace) in enumerate(blocks, 1):
         if not search.strip():
@@ -58,6 +60,56 @@ def apply_answer(answer, train_src, frozen=("prepare.py",)):
     except SyntaxError as e:
         raise EditError(f"the edited train.py does not parse: {e.msg} (line {e.lineno})") from None
     return description, source
+
+
+def split_blocks(answer):
+    """The (search, replace) texts of an answer's SEARCH/REPLACE blocks, in order, each with its lines' newlines.
+    One pass over the lines (linear in the answer's size, whatever it holds). Raises EditError when a block is open
+    at the end or a SEARCH line starts a block inside another."""
+    search_line, middle, replace_line = MARKERS
+    blocks, part, search, replace = [], None, [], []
+    lines = answer.split("\n")
+    for i, line in enumerate(lines):
+        bare, text = line.rstrip(" \t"), line + ("\n" if i < len(lines) - 1 else "")
+        if bare == search_line:
+            if part is not None:
+                raise EditError(MALFORMED)
+            search, replace = [], []
+            part = search
+        elif part is search and bare == middle:
+            part = replace
+        elif part is replace and bare == replace_line:
+            blocks.append(("".join(search), "".join(replace)))
+            part = None
+        elif part is not None:
+            part.append(text)
+    if part is not None:
+        raise EditError(MALFORMED)
+    return blocks
+
+
+def answer_for(description, old, new):
+    """The answer, in this format, that turns train.py text `old` into `new`: one SEARCH/REPLACE block per changed
+    hunk (difflib's opcodes), each widened by the fewest unchanged lines that make its SEARCH text occur once where
+    it applies (the blocks apply in order), so that it also applies to another train.py holding those lines (an
+    idea re-applied to a best that moved)."""
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    current, blocks, shift = list(a), [], 0
+    for kind, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if kind == "equal":
+            continue
+        lo, hi, text, k = i1 + shift, i2 + shift, "".join(current), 0
+        while True:
+            top, end = max(0, lo - k), min(len(current), hi + k)
+            search = "".join(current[top:end])
+            if search.strip() and text.count(search) == 1 or (top, end) == (0, len(current)):
+                break
+            k += 1
+        replace = "".join(current[top:lo] + b[j1:j2] + current[hi:end])
+        blocks.append(f"{MARKERS[0]}\n{search}{MARKERS[1]}\n{replace}{MARKERS[2]}")
+        current[lo:hi] = b[j1:j2]
+        shift += (j2 - j1) - (i2 - i1)
+    return "\n".join([f"DESCRIPTION: {description}", *blocks])
 
 
 def clean_description(text):

@@ -22,6 +22,7 @@ from harness.redact import redact
 from harness.runner import Kind
 from harness.session import RUN_LOG, export_frozen, locked
 from harness.settings import THREADS
+from harness.target import run_prepare
 
 
 @locked
@@ -199,10 +200,37 @@ def record(s, result):
     return event
 
 
+FREE_BYTES = 16 * 2**20      # less free space than this where the harness writes: the disk is full
+
+
+def check_environment(s, n):
+    """After experiment n crashed: was it the machine? Raises Stop, before anything is recorded (so a rerun redoes
+    the candidate), when the disk of the repository or the harness dir is full, or `prepare.py --check` fails (the
+    prepared data deleted or damaged). Returns None when the machine is fine: the crash is the idea's."""
+    for place in (s.target, s.home):
+        free = shutil.disk_usage(place).free
+        if free < FREE_BYTES:
+            raise Stop(f"disk full at {place} ({free / 2**20:.1f} MiB free): free some space, then rerun the same "
+                       f"command; experiment #{n}'s crash is not counted, it runs again")
+    try:
+        run_prepare(s.target, "--check", timeout=600, env=(s.evaluation or {}).get("env"))
+    except SetupError as e:
+        raise Stop(f"the prepared data is not usable any more ({str(e).strip().splitlines()[-1]}): prepare it again "
+                   f"(uv run prepare.py), then rerun the same command; experiment #{n}'s crash is not counted, it "
+                   "runs again") from None
+
+
 @locked
 def keep(s, event):
     """A kept experiment becomes the best: the branch moves to its commit (update-ref, old value checked) and the
-    session's best with it. The only place either moves after the start."""
+    session's best with it. The only place either moves after the start. A branch someone checked out meanwhile
+    (`git switch`, a worktree) is never moved under them: raises Stop (the keep is recorded; a rerun moves it)."""
+    where = gitops.checked_out_in(s.repo, s.branch)
+    if where:
+        raise Stop(f"{s.branch} was checked out in {', '.join(where)} while the loop ran; the loop never moves a "
+                   f"branch under a checkout. Experiment #{event['n']} was kept and recorded, the branch not moved. "
+                   f"`git switch -` there (to read the best use `git show {s.branch}:train.py`, or a detached "
+                   f"worktree: `git worktree add --detach DIR {s.branch}`), then rerun the same command to resume")
     gitops.advance_branch(s.repo, s.branch, event["full_commit"], s.best_commit)
     s.expect_ref(f"refs/heads/{s.branch}")
     s.best_commit, s.best_metric = event["full_commit"], event["metric"]

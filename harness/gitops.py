@@ -12,7 +12,7 @@ from pathlib import Path
 
 import git
 
-from harness.errors import SetupError, Stop
+from harness.errors import SetupError, Stop, os_words
 
 
 def open_repo(target, committed=("prepare.py", "train.py")):
@@ -126,6 +126,8 @@ def commit_file(repo, rel, message, amend=False):
     try:
         repo.git.commit(*argv, "-m", message, "--only", "--", rel)
     except git.GitCommandError as e:
+        if any(words in (e.stderr or "") for words in ENVIRONMENT):
+            raise Stop(f"{git_words(e)}. Fix that, then rerun the same command to resume") from None
         raise Stop(f"git commit of the candidate failed (a pre-commit or commit-msg hook, or git config); the agent "
                    f"does not bypass hooks. Fix it and rerun the same command to resume.\n{e.stderr.strip()}")
     return repo.head.commit.hexsha
@@ -209,6 +211,25 @@ def export_commit(repo, commit, rel, dest):
         if item.mode & 0o111:
             path.chmod(0o755)
     return dest
+
+
+# what git says when the machine, not a hook, made a command fail
+ENVIRONMENT = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded",
+               "unable to create temporary file", "Input/output error")
+GitError = git.GitCommandError             # what a failed git command raises (its stderr holds git's own words)
+
+
+def git_words(e):
+    """A failed git command in one line: the command and what git said (no traceback)."""
+    said = " ".join((e.stderr or "").replace("stderr:", "").split()).strip(" '.") or f"exit status {e.status}"
+    command = e.command if isinstance(e.command, str) else " ".join(map(str, e.command[:2]))
+    return f"`{command}` failed: {said}"
+
+
+def failure_words(e):
+    """A failed git command (git_words) or file operation of the machine (errors.os_words) in one line with the fix;
+    None for an error that is neither (a bug, left to its traceback)."""
+    return f"{git_words(e)}. Fix that" if isinstance(e, GitError) else os_words(e)
 
 
 def advance_branch(repo, branch, new, old):

@@ -4,9 +4,10 @@ refs and HEAD, the tracked files already modified in the user's checkout, and th
 (results.tsv, events.jsonl, the pristine evaluator, .git/config, .git/hooks, .git/info: what would make git run a
 program). After: what the harness owns is put back (its own files, the autoresearch refs, the frozen files) and
 named. The user's own work is never reverted: you may keep working (commit, stash, switch branches, edit program.md) while a run trains.
-Inside the bubblewrap sandbox the run cannot even see the repository, so a change to your refs or checkout is yours
-and is ignored; without it (macOS, no user namespaces) such a change is reported (the run is rejected, since the
-harness cannot tell who made it) and left as it is.
+Only runs outside the bubblewrap sandbox are checked (macOS, no user namespaces): inside it a run cannot even see
+the repository or the harness's files, so every change there is yours and is never blamed on it. Outside it a change
+to your refs or checkout is reported (the run is rejected, since the harness cannot tell who made it) and left as it
+is.
 """
 
 import dataclasses
@@ -42,10 +43,9 @@ def take(repo, own_files, own_dirs=()):
                     own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
-def check(repo, snap, sandboxed=False, frozen=()):
+def check(repo, snap, frozen=()):
     """Compare with the snapshot, restore what the harness owns, and return a list of what the run changed
     (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"].
-    sandboxed: the run could not see the repository, so changes to your refs and checkout are yours: not listed.
     frozen: the target's frozen files (repository paths): never yours to edit, so restored from HEAD when they were
     clean before the run."""
     found = []
@@ -55,16 +55,13 @@ def check(repo, snap, sandboxed=False, frozen=()):
         if before == after:
             continue
         if not ref.startswith(HARNESS_REFS):         # yours (a commit, a stash, a new branch): never undone
-            if not sandboxed:
-                found.append(f"{'created' if before is None else 'moved' if after else 'deleted'} {ref} (not undone)")
+            found.append(f"{'created' if before is None else 'moved' if after else 'deleted'} {ref} (not undone)")
         elif before is None:
             repo.git.update_ref("-d", ref, after)
             found.append(f"created {ref} (deleted)")
         else:
             repo.git.update_ref(ref, before)
             found.append(f"{'moved' if after else 'deleted'} {ref} (restored)")
-    if sandboxed:
-        return found + _check_own(snap)
     if _head(repo) != snap.head:
         found.append(f"switched the checkout's HEAD from {snap.head} to {_head(repo)} (not undone: `git switch` back)")
     root = Path(repo.working_tree_dir)

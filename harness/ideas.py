@@ -11,8 +11,8 @@ import re
 import time
 
 from harness import console, experiment, ledger
-from harness.edits import EditError, apply_answer
-from harness.gitops import file_at
+from harness.edits import EditError, answer_for, apply_answer
+from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
     program_brief
 from harness.proposers import Spend
@@ -161,6 +161,43 @@ def rebase(s, idea, backlog, running):
         return None
     s.log("reapplied", idea=idea.description, base=idea.base, best=s.best_commit)
     return dataclasses.replace(idea, description=description, source=source, base=s.best_commit)
+
+
+def unfinished(s):
+    """The ideas a stop (kill -9, Ctrl-C, a reboot) left unmeasured, to run first, with no proposer asked and nothing
+    paid again: superseded winners whose re-run on the new best had not started, then the candidates committed but
+    not recorded, in experiment order (each its last commit). Each is re-applied to the best like any idea (one that
+    no longer applies is dropped then, and the proposer asked)."""
+    events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
+    recorded = len(s.history)
+    commits = {e["n"]: e for e in events if e.get("event") == "commit" and e.get("n", -1) >= recorded}
+    later = [idea for _, e in sorted(commits.items()) if (idea := idea_of(s, e["full_commit"]))]
+    begun = {e.get("rebased_from") for e in s.history}                 # re-runs already recorded
+    pending = {idea.description for idea in later}                      # re-runs committed: redone as `later`
+    first = [idea for e in s.history if e.get("superseded") and e["n"] not in begun
+             and (idea := idea_of(s, e["full_commit"], e["n"])) and idea.description not in pending]
+    for idea in first + later:
+        s.log("redo", idea=idea.description, base=idea.base, rebased_from=idea.rebased_from)
+    return first + later
+
+
+def idea_of(s, commit, rebased_from=None):
+    """The Idea of a candidate commit (its subject, its train.py, an answer re-creating it on its parent), or None
+    (logged) when git cannot read it."""
+    try:
+        c = s.repo.commit(commit)
+        base = c.parents[0].hexsha
+        old, new = file_at(s.repo, base, s.train_rel), file_at(s.repo, commit, s.train_rel)
+    except (GitError, ValueError, IndexError, KeyError) as e:
+        s.log("dropped", commit=commit, error=f"cannot read the candidate: {e}"[:500])
+        return None
+    return Idea(c.summary, new, answer_for(c.summary, old, new), base, 0, Spend(), 0, rebased_from)
+
+
+def on_llm_retry(s, retry, problem, delay):
+    """A transient LLM error while asking: log it and show the wait."""
+    s.log("error", where="llm", retry=retry, error=problem[:500], retry_in_s=round(delay, 3))
+    s.status(s.next_n, f"LLM error ({problem[:60]}), retry {retry + 1} in {delay:.0f}s")
 
 
 def split_ideas(answer):

@@ -31,6 +31,7 @@ import os
 import re
 from pathlib import Path
 
+from harness.errors import Stop
 from harness.redact import redact_all
 
 RESULTS, EVENTS = "results.tsv", "events.jsonl"
@@ -85,6 +86,17 @@ def append_line(path, line):
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def check_size(path, expected):
+    """events.jsonl must still hold at least the `expected` bytes this invocation wrote (None: nothing yet): a ledger
+    deleted or cut while the loop runs would be recreated with only the later events. Raises Stop with the way out."""
+    size = path.stat().st_size if path.exists() else None
+    if expected is not None and (size is None or size < expected):
+        found = "is gone" if size is None else f"was cut to {size} bytes"
+        raise Stop(f"{path} {found} while the loop ran ({expected} bytes were written): nothing more is written to "
+                   f"it. Put it back (from a backup, or `git stash`-ed copy), then rerun the same command; results.tsv "
+                   f"and the branch are unchanged")
 
 
 def log_event(path, tag, event, **fields):

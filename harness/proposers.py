@@ -12,6 +12,7 @@ import random
 import time
 from typing import Callable
 
+from harness import console
 from harness.errors import SetupError, Stop
 from harness.perturb import perturb
 
@@ -97,11 +98,18 @@ class Proposer:
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
 
     def check(self):
-        """One tiny request (a 1-token answer) before any training, so that a refused key or an unknown model stops
-        the run at once instead of after the baseline. Transient errors are retried like any call; raises Stop for
-        the others. A no-op for random/grid."""
-        if self.ping is not None:
-            call_with_retries(lambda system, messages: self.ping(), "", [], self.args, self.on_retry)
+        """One tiny request (a 1-token answer) before anything is created or trained, so that a dead server, a
+        refused key or an unknown model stops the run at once instead of after the baseline. Raises SetupError (exit
+        2: nothing changed) when nothing answers there or the answer is a refusal; a transient error (429, 5xx) is
+        retried like any call, with a line per retry. A no-op for random/grid."""
+        if self.ping is None:
+            return
+        try:
+            call_with_retries(lambda system, messages: self.ping(), "", [], self.args, self.on_retry or (
+                lambda retry, problem, delay: console.say(f"LLM check: {problem[:120]}; retry {retry + 1} in "
+                                                          f"{delay:.0f}s")), unreachable_stops=True)
+        except Stop as e:
+            raise SetupError(f"{e} (nothing was created)") from None
 
 
 def make_proposer(args):
@@ -199,10 +207,11 @@ def price(model, uncached_in, out, cache_read, cache_write):
     return (uncached_in * p_in + out * p_out + cache_read * p_read + cache_write * p_write) / 1e6
 
 
-def call_with_retries(call, system, messages, args, on_retry=None):
+def call_with_retries(call, system, messages, args, on_retry=None, unreachable_stops=False):
     """call(system, messages) until it answers: transient errors (429, 5xx, overloaded, timeouts, dropped
     connections) are retried forever with exponential backoff and jitter (base args.retry_base_delay, cap
-    RETRY_CAP_S). Authentication errors, unknown models and other rejected requests raise Stop at once.
+    RETRY_CAP_S). Authentication errors, unknown models and other rejected requests raise Stop at once, and so does
+    an endpoint nothing answers at with unreachable_stops (the check at the start).
     The Reply's seconds include the retries."""
     import anthropic
     import openai
@@ -214,6 +223,9 @@ def call_with_retries(call, system, messages, args, on_retry=None):
             return reply
         except (anthropic.APIConnectionError, openai.APIConnectionError) as e:
             problem = f"{type(e).__name__}: {e}"
+            if unreachable_stops:
+                raise Stop(f"cannot reach {args.base_url or f'the {args.proposer} API'} ({problem}): is the server "
+                           "running and the address right (--base-url)? Rerun once it answers") from None
         except BadReply as e:
             where = args.base_url or f"the {args.proposer} API"
             api = "an Anthropic Messages" if args.proposer == "anthropic" else "an OpenAI Chat Completions"

@@ -81,6 +81,7 @@ class Session:
     # in flight, told of every change the harness itself makes meanwhile (expect_ref, Snapshot.appended).
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     live: list = dataclasses.field(default_factory=list)
+    events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
 
     @property
     def best_event(self):
@@ -94,10 +95,13 @@ class Session:
 
     def log(self, event, **fields):
         """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
+        path = self.target / ledger.EVENTS
         with self.lock:
-            record = ledger.log_event(self.target / ledger.EVENTS, self.settings.tag, event, **fields)
+            ledger.check_size(path, self.events_size)
+            record = ledger.log_event(path, self.settings.tag, event, **fields)
+            self.events_size = path.stat().st_size
             for snap in self.live:
-                snap.appended(self.target / ledger.EVENTS, ledger.event_line(record) + "\n")
+                snap.appended(path, ledger.event_line(record) + "\n")
             return record
 
     def expect_ref(self, ref):
@@ -215,6 +219,8 @@ def open_session(settings):
     state = ledger.tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state)
     checks.one_target(s)
+    checks.numbered(s)
+    checks.no_stale_git_locks(s)
     recover_runs(s, state.stale_runs, torn)
     checks.one_budget(s)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)

@@ -6,6 +6,7 @@ loop's fixed rules, which no flag changes. Bad flags exit 2 with argparse's mess
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -45,6 +46,7 @@ class Settings:
     device_list: tuple = ()             # harness.pool.Device per place a run can go (parsed from --devices)
     ray: str | None = None              # a Ray cluster's address, or "auto"
     no_speculate: bool = False          # ask for an idea only when a device is free
+    no_holdout: bool = False            # skip the end-of-run holdout re-score (report.py --holdout does it later)
     seed: int = 0                       # seed of --proposer random
     retry_base_delay: float = 2.0       # first backoff in seconds after a transient LLM error
     message: str | None = None          # try -m: the idea in one line
@@ -77,11 +79,11 @@ def parse_args(argv):
                    f"{DEFAULT_MODELS['openai']} for openai)")
     p.add_argument("--base-url", help="API endpoint, e.g. an OpenAI-compatible server (vLLM, ollama, DeepSeek, "
                    "OpenRouter: http://localhost:8000/v1)")
-    p.add_argument("--max-experiments", type=int, help="stop once this many experiments after the baseline are done "
-                   "(counted over the whole tag, so a resumed run adds only the difference)")
-    p.add_argument("--hours", type=float, help="stop before starting an experiment once this invocation has run "
+    p.add_argument("--max-experiments", type=number(0, int), help="stop once this many experiments after the baseline "
+                   "are done (counted over the whole tag, so a resumed run adds only the difference)")
+    p.add_argument("--hours", type=number(0), help="stop before starting an experiment once this invocation has run "
                    "this long")
-    p.add_argument("--max-cost-usd", type=float, help="stop once the tag's LLM spend reaches this many dollars")
+    p.add_argument("--max-cost-usd", type=number(0), help="stop once the tag's LLM spend reaches this many dollars")
     add_common_flags(p)
     p.add_argument("--devices", metavar="SPEC", help="run experiments on several devices at once: CUDA indices "
                    "(e.g. 0,1,2,3: one run per GPU) or cpu:K (K CPU workers sharing this machine's threads). Default: "
@@ -92,16 +94,15 @@ def parse_args(argv):
                    "and the results")
     p.add_argument("--no-speculate", action="store_true", help="ask for the next idea only when a device is free "
                    "(default: while a candidate trains, the next idea is already asked for)")
+    p.add_argument("--no-holdout", action="store_true", help="at the stop, skip re-scoring the baseline and the "
+                   "best on the hidden holdout split (a few minutes on a CPU; `report.py --holdout` does it later)")
     p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
-    p.add_argument("--retry-base-delay", type=float, default=2.0, help="first backoff in seconds after a "
-                   f"transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried forever")
+    p.add_argument("--retry-base-delay", type=number(0, above=True), default=2.0, help="first backoff in seconds "
+                   f"after a transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried "
+                   "forever")
     args = p.parse_args(argv)
     args.command = "loop"
     check_common(p, args)
-    for name in ("max_experiments", "hours", "max_cost_usd", "timeout"):
-        value = getattr(args, name)
-        if value is not None and value < 0 or name == "timeout" and value == 0:
-            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.proposer is None:
         if os.environ.get("ANTHROPIC_API_KEY"):
             args.proposer = "anthropic"
@@ -160,28 +161,41 @@ def add_common_flags(p):
     p.add_argument("--target", default=str(ROOT),
                    help="directory holding program.md, the frozen prepare.py and train.py (default: the directory of "
                    "agent.py, the repository root; e.g. grpo for the RL target)")
-    p.add_argument("--timeout", type=float, help="hard limit per training run in seconds (default: 2 x TIME_BUDGET, "
-                   "at least TIME_BUDGET + 120); the whole process group is killed")
+    p.add_argument("--timeout", type=number(0, above=True), help="hard limit per training run in seconds (default: "
+                   "2 x TIME_BUDGET, at least TIME_BUDGET + 120); the whole process group is killed")
     p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
                    help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
                    "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")
-    p.add_argument("--baseline-runs", type=int, default=3, metavar="K", help="run the baseline K times with "
+    p.add_argument("--baseline-runs", type=number(1, int), default=3, metavar="K", help="run the baseline K times with "
                    "different seeds (AUTORESEARCH_SEED): their mean is the first best, their standard deviation the "
                    "noise floor (default 3)")
-    p.add_argument("--confirm", type=int, default=1, metavar="C", help="a candidate that beats the best by the margin "
-                   "is run C more times with other seeds and kept only if the mean of its runs still does (default 1; "
-                   "0: the first run decides, strictly, as in karpathy's ratchet)")
-    p.add_argument("--margin", type=float, help="how much a candidate must beat the best by, in metric units "
+    p.add_argument("--confirm", type=number(0, int), default=1, metavar="C", help="a candidate that beats the best by "
+                   "the margin is run C more times with other seeds and kept only if the mean of its runs still does "
+                   "(default 1; 0: the first run decides, strictly, as in karpathy's ratchet)")
+    p.add_argument("--margin", type=number(0), help="how much a candidate must beat the best by, in metric units "
                    "(default: 2 x the noise sd measured by the baseline runs; 0, strictly better, with --confirm 0 "
                    "or one baseline run)")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 
 
+def number(low, kind=float, above=False):
+    """An argparse type: a finite `kind` (float or int) of at least `low` (above `low` with above=True). A value out
+    of range, nan or inf exits 2 with "argument --FLAG: ..." naming the range."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if not math.isfinite(value) or value < low or above and value == low:
+            raise argparse.ArgumentTypeError(f"{text!r}: use a finite number {'above' if above else 'of at least'} "
+                                             f"{low:g}")
+        return value
+    return parse
+
+
 def check_common(p, args):
-    """The shared flags' values: a tag that makes a valid, short branch name; counts and margin in range."""
+    """The shared flag the parser cannot check alone: a tag that makes a valid, short branch name."""
     tag = args.tag
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
         p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
-    if args.baseline_runs < 1 or args.confirm < 0 or args.margin is not None and not args.margin >= 0:
-        p.error("--baseline-runs must be at least 1, --confirm and --margin at least 0")

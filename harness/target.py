@@ -10,6 +10,7 @@ to the target.
 import ast
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,18 @@ TARGET_FILES = ("program.md", "prepare.py", "train.py")
 
 
 def read_text(path):
-    """A file's text as UTF-8."""
-    return Path(path).read_text(encoding="utf-8")
+    """A file's text as UTF-8. Raises Stop naming the file and the first bad byte when it is not UTF-8 (a file
+    edited while the loop runs; check_target refuses one at the start)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise Stop(not_utf8(path, e)) from None
+
+
+def not_utf8(path, e):
+    """The message for a file that is not UTF-8 text."""
+    return (f"{path} is not UTF-8 text ({e.reason}, byte {e.start}): the harness reads it as text; save it as UTF-8, "
+            "then rerun the same command")
 
 
 def check_target(target):
@@ -40,6 +51,11 @@ def check_target(target):
     if links:
         raise SetupError(f"{', '.join(links)} in {target} is a symbolic link: the experiments commit and run regular "
                          "files; replace it by the file itself")
+    for f in TARGET_FILES:
+        try:
+            (target / f).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SetupError(not_utf8(target / f, e).replace("rerun the same command", "rerun")) from None
 
 
 def read_literals(path):
@@ -84,6 +100,11 @@ def default_timeout(budget):
     """2 x the budget (karpathy's 10 minutes for 5), but at least budget + 120 s so that start-up and the final
     evaluation fit even in a 10-second smoke budget."""
     return max(2 * budget, budget + 120)
+
+
+def profile_of(ready):
+    """`prepare.py --check`'s `profile: <name>` line: train.py's `if PROFILE == ...` branch that random/grid edit."""
+    return (re.findall(r"^profile:\s*(\S+)\s*$", ready, re.M) or [None])[-1]
 
 
 def run_prepare(target, *flags, timeout, env=None):

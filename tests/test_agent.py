@@ -347,21 +347,29 @@ def test_human_commit_changing_train_py_on_the_branch_is_refused(target, capsys)
 
 
 @pytest.mark.parametrize("sandbox", ["auto", pytest.param("off", marks=pytest.mark.slow)])   # off: the orphan runs on
-def test_sigkill_mid_run_then_resume_is_consistent(target, sandbox):
-    with ScriptedLLM([SLOW]) as llm:
+def test_sigkill_mid_run_then_resume_redoes_the_candidate(target, sandbox):
+    """kill -9 while #1 trains: the resume runs the same train.py again as #1 (the LLM is not asked, nothing is paid
+    twice), on the best, and the ledger is whole."""
+    slow_win = edit("slow and better", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    with ScriptedLLM([slow_win]) as llm:
         proc = start_agent(target, llm, "--sandbox", sandbox)
         pgid = wait_for_run(target, 1, proc)
         proc.kill()
         proc.wait()
     killed = events(target, "commit")[0]["full_commit"]
     assert sha(target, "autoresearch/t") == sha(target, "main")   # the half-done candidate never entered the branch
-    with ScriptedLLM([RAISE_LR]) as llm:                           # in the sandbox the run died with the agent;
+    with ScriptedLLM([]) as llm:                                   # in the sandbox the run died with the agent;
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0   # else the resume kills it
-    assert live_members(pgid) == []
+    assert live_members(pgid) == [] and llm.requests == []
     keep = events(target, "experiment")[-1]["full_commit"]
-    assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t0.0\tkeep\traise LR"]
+    assert rows(target) == [baseline_row(target), f"{keep[:7]}\t1.008000\t0.0\tkeep\tslow and better"]
     assert [e["n"] for e in events(target, "experiment")] == [0, 1]
-    assert git.Repo(target).commit("autoresearch/t").parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
+    [redo] = events(target, "redo")
+    assert redo["idea"] == "slow and better" and redo["base"] == sha(target, "main")
+    repo = git.Repo(target)
+    assert repo.commit(keep).tree["train.py"].hexsha == repo.commit(killed).tree["train.py"].hexsha
+    assert repo.commit("autoresearch/t").parents[0].hexsha == sha(target, "main") and tree_is_clean(target)
     assert sha(target, f"refs/autoresearch/t/0001-{killed[:7]}") == killed
 
 

@@ -49,7 +49,7 @@ def run(repo_dir, env, answers, mode, *extra):
     with ScriptedLLM(answers) as llm:
         result = subprocess.run([sys.executable, str(REPO / "agent.py"), "--tag", "cheat", "--target", str(repo_dir),
                                  "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--sandbox", mode,
-                                 "--baseline-runs", "1", "--confirm", "0", *(extra or ["--no-speculate"]),
+                                 "--baseline-runs", "1", "--confirm", "0", "--no-holdout", *(extra or ["--no-speculate"]),
                                  "--max-experiments", str(sum(not a.startswith("I cannot") for a in answers))],
                                 cwd=repo_dir, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

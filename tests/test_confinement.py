@@ -210,7 +210,7 @@ def test_the_view_is_an_allow_list(tmp_path):
     inputs = {"evaluator_only": [str(val), str(holdout), str(corpus)],
               "train_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(cache / "data" / "local")],
               "eval_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(val), str(holdout)]}
-    sockets = [listener(tmp_path / "db.sock"), listener(cache / "tokenizer" / "inside-a-declared-folder.sock")]
+    sockets = [listener(tmp_path / "db.sock"), listener(cache / "tokenizer" / "in.sock")]
     try:
         targets = protected(val=val, holdout=holdout)
         seen = walk(lambda argv: sandbox.train_argv(argv, run, inputs, gpu="", hide=[repo]), targets, run)
@@ -222,7 +222,7 @@ def test_the_view_is_an_allow_list(tmp_path):
     assert seen["copies"] == [] and seen["home"] == [] and seen["writable"] == []
     # a socket inside a declared folder is the one thing a read-only bind does not stop: the harness declares no
     # folder that holds one, and the walker of the real views (test below) checks that
-    assert seen["sockets"] == [str(cache / "tokenizer" / "inside-a-declared-folder.sock")]
+    assert seen["sockets"] == [str(cache / "tokenizer" / "in.sock")]
     # the evaluator sees the evaluation splits where they are declared, and writes nowhere but its private /tmp
     assert sorted(scored["copies"]) == [["holdout", str(holdout)], ["val", str(val)]]
     assert scored["home"] == [] and scored["writable"] == []

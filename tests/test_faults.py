@@ -23,8 +23,8 @@ from agent_target import STRICT, edit
 from harness import console, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
-from helpers import (AGENT, REPO, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, tree_is_clean,
-                     wait_for_run)
+from helpers import (AGENT, REPO, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
+                     tree_is_clean, wait_for_run)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NO_FIX = ["I cannot fix this."] * 3          # a crash is sent back for a fix: these answers give up
@@ -243,10 +243,37 @@ def test_the_proposer_reads_the_goal_rules_and_directions_with_the_real_budget(t
                                                    ("openai", 404, "does not know model")])
 def test_a_bad_key_or_model_stops_before_the_baseline_trains(target, capsys, provider, status, hint):
     with ScriptedLLM([RAISE_LR], ping=status) as llm:
-        assert run_agent(target, llm, provider, "--max-experiments", "1") == 1
+        assert run_agent(target, llm, provider, "--max-experiments", "1") == 2
     assert len(llm.pings) == 1 and llm.requests == []
     assert hint in capsys.readouterr().err
-    assert events(target, "run") == [] and rows(target) == []      # nothing trained, nothing recorded
+    nothing_was_created(target)
+
+
+def nothing_was_created(target):
+    """A refused start leaves no trace: no branch, no ledger, no results file."""
+    assert "autoresearch/t" not in git.Repo(target).heads
+    assert not (target / "events.jsonl").exists() and not (target / "results.tsv").exists()
+
+
+def test_a_dead_server_is_an_error_at_once_and_creates_nothing(target, capsys):
+    """--base-url where nothing listens: one clear error in seconds (no retries forever), before anything exists."""
+    import socket
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    t0 = time.monotonic()
+    assert agent_main(target, "--proposer", "openai", "--base-url", f"http://127.0.0.1:{port}/v1") == 2
+    assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err
+    assert f"cannot reach http://127.0.0.1:{port}/v1 (APIConnectionError: Connection error.)" in err
+    assert "is the server running" in err and "Traceback" not in err
+    nothing_was_created(target)
+
+
+def agent_main(target, *extra):
+    """agent.main on tag t with these flags (no loopback LLM)."""
+    import agent
+    return agent.main(["--tag", "t", "--target", str(target), *STRICT, "--max-experiments", "1", *extra])
 
 
 def test_three_tags_and_a_return_keep_every_row_with_its_tag_once(target, tmp_path):
@@ -340,18 +367,18 @@ def test_a_secret_quoted_in_a_rejection_reason_is_redacted_in_every_record(targe
 
 def test_an_endpoint_of_another_kind_stops_with_a_message_not_a_traceback(target, capsys):
     with ScriptedLLM([RAISE_LR], ping={}) as llm:                      # a 200 whose body is not a Messages response
-        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 1
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 2
     err = capsys.readouterr().err
     assert "answered, but not in an Anthropic Messages format" in err and "Traceback" not in err
     with ScriptedLLM([{"id": "x", "object": "chat.completion", "choices": []}]) as llm:
-        assert run_agent(target, llm, "openai", "--max-experiments", "1", "--tag", "o") == 1
+        assert run_agent(target, llm, "openai", "--max-experiments", "1", "--tag", "o") == 1   # after the baseline
     assert "answered, but not in an OpenAI Chat Completions format" in capsys.readouterr().err
 
 
 def test_escape_sequences_from_an_endpoint_never_reach_the_terminal(target, capsys):
     with ScriptedLLM([RAISE_LR], ping=401) as llm:
         llm.error_text = "\x1b]0;pwned\x07\x1b[2J YOUR KEY WAS REVOKED"
-        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 1
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 2
     assert console.shown("a\x1b]0;t\x07b\n") == "a\\x1b]0;t\\x07b\n"
 
 
@@ -384,3 +411,135 @@ def test_a_forged_row_in_a_tags_own_file_is_not_brought_back(target):
     archive.write_text(real + forged)                  # written by something other than agent.py
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1", "--tag", "a") == 0
     assert rows(target) == real.splitlines()[1:] and archive.read_text() == real + forged   # kept apart, not lost
+
+
+def test_a_branch_checked_out_during_the_loop_is_never_moved(target):
+    """`git switch autoresearch/t` while a winner trains: its keep is recorded, the branch (and so the user's HEAD,
+    index and worktree) stays where it was, the loop stops with the way out; after switching back the rerun moves
+    the branch to the kept commit."""
+    slow_win = edit("raise LR slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    repo = git.Repo(target)
+    with ScriptedLLM([slow_win]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")
+        wait_for_run(target, 1, proc)
+        repo.git.switch("autoresearch/t")
+        before = repo.head.commit.hexsha
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "autoresearch/t was checked out in" in err and "Experiment #1 was kept and recorded" in err
+    kept = events(target, "experiment")[-1]
+    assert kept["status"] == "keep" and rows(target)[-1].startswith(kept["commit"])
+    assert repo.head.commit.hexsha == before == sha(target, "main") and tree_is_clean(target)
+    repo.git.switch("main")
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert sha(target, "autoresearch/t") == kept["full_commit"]
+
+
+def test_stale_git_locks_are_named_at_start_and_a_git_failure_is_a_message(target, capsys):
+    """A lock a dead git command left (a reboot mid-write): refused at the start, nothing created. One that appears
+    while a winner trains: the keep is recorded, the stop quotes git, no traceback; the rerun resumes."""
+    locks = target / ".git" / "refs" / "notes" / "commits.lock"
+    locks.parent.mkdir(parents=True, exist_ok=True)
+    locks.write_text("")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
+    err = capsys.readouterr().err
+    assert f"stale git lock file (left by a git command that died mid-write, e.g. at a reboot): {locks}" in err
+    assert f"remove it (rm {locks})" in err
+    assert "autoresearch/t" not in git.Repo(target).heads and not (target / "events.jsonl").exists()
+    locks.unlink()
+    slow_win = edit("raise LR slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    branch_lock = target / ".git" / "refs" / "heads" / "autoresearch" / "t.lock"
+    with ScriptedLLM([slow_win]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")
+        wait_for_run(target, 1, proc)
+        branch_lock.write_text("")
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert "agent.py: stopped: `git update-ref` failed: fatal: update_ref failed for ref 'refs/heads/autoresearch/t': cannot lock ref" in err
+    kept = events(target, "experiment")[-1]
+    assert kept["status"] == "keep" and rows(target)[-1].startswith(kept["commit"])
+    branch_lock.unlink()
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert sha(target, "autoresearch/t") == kept["full_commit"]
+
+
+def test_a_target_file_that_is_not_utf8_is_named_before_anything_is_created(target, capsys):
+    """A binary program.md (or train.py): exit 2 naming the file and the byte, no branch, no ledger; one that turns
+    binary while the loop runs stops it with the same words (exit 1), no traceback."""
+    program = (target / "program.md").read_bytes()
+    (target / "program.md").write_bytes(b"# directions\n\xff\xfe\x00binary")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
+    err = capsys.readouterr().err
+    assert f"agent.py: error: {target / 'program.md'} is not UTF-8 text (invalid start byte, byte 13)" in err
+    assert "save it as UTF-8, then rerun" in err
+    assert "autoresearch/t" not in git.Repo(target).heads and not (target / "events.jsonl").exists()
+    (target / "program.md").write_bytes(program)
+    with ScriptedLLM([RAISE_LR]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")     # the idea is asked once the baseline is in
+        wait_for_run(target, 0, proc)
+        (target / "program.md").write_bytes(b"\xff" + program)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert f"agent.py: stopped: {target / 'program.md'} is not UTF-8 text (invalid start byte, byte 0)" in err
+    assert rows(target) == [baseline_row(target)]                     # the baseline is recorded
+
+
+def test_an_unwritable_results_file_stops_with_its_name_and_the_fix(target, capsys):
+    """results.tsv made immutable (even root cannot write it) between runs: the first record stops the loop with the
+    file, the error and the fix, no traceback; once writable again the rerun resumes with every row."""
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "0") == 0
+    results = target / "results.tsv"
+    if subprocess.run(["chattr", "+i", str(results)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i does not work on this filesystem")
+    try:
+        capsys.readouterr()
+        assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 1
+        err = capsys.readouterr().err
+        assert f"agent.py: stopped: {results}: Operation not permitted; make it writable for root" in err
+        assert "Traceback" not in err
+    finally:
+        subprocess.run(["chattr", "-i", str(results)], check=True)
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 0
+    assert [r.split("\t")[0] for r in rows(target)] == [e["commit"] for e in events(target, "experiment")]
+    assert len(rows(target)) == 2
+
+
+def test_data_gone_during_a_run_stops_without_blaming_the_idea(target, monkeypatch):
+    """The prepared data deleted while #1 trains (and #1 crashes): the machine is at fault, not the idea: nothing is
+    recorded, nothing sent for a fix, the stop names the fix; once the data is back the rerun measures #1 again."""
+    crash = edit("crash slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                 "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0\nraise SystemExit(3)")
+    ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
+    with ScriptedLLM([crash]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")
+        wait_for_run(target, 1, proc)
+        ready.unlink()
+        _, err = proc.communicate(timeout=60)
+        assert len(llm.requests) == 1                                   # no fix was asked for
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert "the prepared data is not usable any more (no prepared data: run `python prepare.py` first)" in err
+    assert "experiment #1's crash is not counted, it runs again" in err
+    assert rows(target) == [baseline_row(target)] and len(events(target, "experiment")) == 1
+    ready.touch()
+    with ScriptedLLM(NO_FIX) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    [redo] = events(target, "redo")
+    assert redo["idea"] == "crash slowly"
+    row = rows(target)[1].split("\t")
+    assert row[3] == "crash" and row[4].startswith("crash slowly (exit code 3"), row
+
+
+@pytest.mark.parametrize("after", [0.2, 0.6])
+def test_ctrl_c_while_agent_py_starts_is_a_clean_exit(target, after):
+    """Ctrl-C in the first second (the modules still loading, or the setup): exit 130, no traceback."""
+    for argv in (["--tag", "t", "--proposer", "random"], ["try", "--tag", "t", "--baseline"]):
+        proc = subprocess.Popen([sys.executable, str(AGENT), *argv, "--target", str(target)], cwd=target,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err + out, err

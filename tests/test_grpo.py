@@ -860,6 +860,7 @@ def _readme_recipe() -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
     """Every line in order, in this process: `uv run X.py args` calls X's main(args), with /tmp moved under
     tmp_path. The two preflights are the real gate (random model on GSM8K: refused; tiny model on its sums:

@@ -27,6 +27,30 @@ def test_apply_answer_errors_name_the_fix():
     assert apply_answer(two.replace("\n", "\r\n"), src) == ("both", "A = 3\nB = 4\n")
 
 
+OLD_BLOCKS = r"^<{7} SEARCH[ \t]*\n(.*?)^={7}[ \t]*\n(.*?)^>{7} REPLACE[ \t]*$"     # the regex split_blocks replaced
+
+
+@pytest.mark.parametrize("answer", [
+    "<<<<<<< SEARCH\nA = 1\n=======\nA = 2\n>>>>>>> REPLACE",
+    "text\n<<<<<<< SEARCH \t\nA = 1\n\n=======\t\n>>>>>>> REPLACE\nB\n<<<<<<< SEARCH\n=======\n=======\n"
+    ">>>>>>> REPLACE  \n",
+    "<<<<<<< SEARCH\n>>>>>>> REPLACE\n=======\nx = '<<<<<<<< SEARCH'\n>>>>>>> REPLACE\n",
+])
+def test_blocks_split_as_the_regex_did(answer):
+    import re
+    from harness.edits import split_blocks
+    assert split_blocks(answer) == re.findall(OLD_BLOCKS, answer, re.S | re.M)
+
+
+def test_a_huge_answer_is_refused_in_linear_time():
+    """~1 MB of SEARCH lines (what froze the loop for minutes under the regex): refused at once, with the fix."""
+    for answer in ("DESCRIPTION: x\n" + "<<<<<<< SEARCH\n" * 70_000, "DESCRIPTION: x\n" + "\n" * 1_000_000 +
+                   "<<<<<<< SEARCH\nA = 1\n=======\nA = 2\n" + "=======\n" * 100_000):
+        with pytest.raises(EditError, match="a block is malformed: every <<<<<<< SEARCH line needs a ======= line"):
+            apply_answer(answer, "A = 1\n")
+    assert apply_answer("\n" * 1_000_000 + edit("far down", "A = 1", "A = 2"), "A = 1\n") == ("far down", "A = 2\n")
+
+
 def test_perturbations_keep_types_and_powers_of_two():
     src = ("TOTAL_BATCH_SIZE = 2**19\nDEPTH = 8  # layers\nHEADS = 6\nMATRIX_LR = 0.04\nBETA = 0.95\n"
            "ADAM_BETAS = (0.8, 0.95)\nUSE_COMPILE = True\nWARMUP_RATIO = 0.0\nLAYER_2 = 2\nwidth = 64\n")

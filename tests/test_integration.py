@@ -23,6 +23,9 @@ def test_agent_runs_the_grpo_target_with_the_random_proposer(grpo_repo):
                             cwd=repo_dir, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight" in result.stdout
+    # the stop asks the real GRPO evaluator for the holdout: the tiny task's test sums are all in the evaluation subset
+    assert result.stdout.endswith("holdout: not measured (no holdout: the test split's 100 problems are all in the "
+                                  "evaluation subset)\n")
     lines = (repo_dir / "grpo" / "results.tsv").read_text().splitlines()
     assert lines[0] == "commit\tpass@1\tmemory_gb\tstatus\tdescription" and len(lines) == 4
     rows = [line.split("\t") for line in lines[1:]]

@@ -152,6 +152,44 @@ def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(tar
                      r"proposal wait \d+ device-seconds$", capsys.readouterr().out)
 
 
+def test_a_finished_candidate_not_yet_recorded_counts_as_in_flight(target):
+    """Two devices, speculation: #2 finishes while #1 still runs (it waits to be recorded after #1). The proposal
+    asked then must not measure #2's train.py again: the prompt lists #2 as not known yet, and the same answer is
+    refused and repaired."""
+    sleepy = edit("sleep 6s", "SLEEP = 0.0", "SLEEP = 6.0")      # #1: the baseline's metric, 6 s
+    with ScriptedLLM([sleepy + "\n" + DEPTH_DOWN, WARMUP, DEPTH_DOWN, LR_UP], delay=0.2) as llm:
+        assert loop(target, llm, "--max-experiments", "4", "--devices", "cpu:2") == 0
+    exps = ledger_holds(target)
+    assert [e["description"].split(" (")[0] for e in exps] == ["baseline", "sleep 6s", "DEPTH 6", "WARMUP 0.2",
+                                                               "LR 0.045"]
+    ends = {e["n"]: stamp(e) for e in events(target, "run_end")}
+    asked = llm.times[2]                                   # the third request: #2 done, #1 still running
+    assert ends[2] < asked < ends[1]
+    prompt = llm.requests[2][1]["messages"][0]["content"]
+    assert "Still running, results not known yet" in prompt and "#2 DEPTH 6" in prompt
+    repair = llm.requests[3][1]["messages"][-1]["content"]
+    assert "the same as a candidate still running or about to run" in repair
+    assert len({git.Repo(target).commit(e["full_commit"]).tree["train.py"].hexsha for e in exps}) == len(exps)
+
+
+def test_a_superseded_winners_rerun_survives_a_stop(target):
+    """Two devices: #2 beat the baseline but #1 moved the best while it ran (superseded), and --max-experiments
+    stopped the loop before its promised re-run. The next invocation runs it first, on the new best, without asking
+    the LLM."""
+    slow(target, 1.0)
+    with ScriptedLLM([LR_UP + "\n" + DEPTH_DOWN], delay=0.2) as llm:
+        assert loop(target, llm, "--max-experiments", "2", "--devices", "cpu:2", "--no-speculate") == 0
+    second = events(target, "experiment")[2]
+    assert second["status"] == "discard" and second["superseded"] is True
+    with ScriptedLLM([]) as llm:
+        assert loop(target, llm, "--max-experiments", "3", "--no-speculate") == 0
+    assert llm.requests == []
+    exps = ledger_holds(target)
+    assert (exps[3]["description"], exps[3]["status"], exps[3]["metric"], exps[3]["rebased_from"]) == \
+        ("DEPTH 6", "keep", 1.056, 2)
+    assert parent(target, exps[3]["full_commit"]) == exps[1]["full_commit"]
+
+
 @pytest.mark.slow
 def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
     slow(target, 4.0)

@@ -1,0 +1,37 @@
+"""harness/settings.py: argv -> Settings. Every numeric flag of the loop and `try` is a finite number in range, or
+exits 2 with argparse's message naming the flag and the range (nothing else happens: no branch, no file)."""
+
+import pytest
+
+from harness.settings import parse
+
+LOOP = ["--tag", "t", "--proposer", "random"]
+TRY = ["try", "--tag", "t", "--baseline"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (LOOP + ["--timeout", "nan"], "argument --timeout: 'nan': use a finite number above 0"),
+    (LOOP + ["--timeout", "inf"], "argument --timeout: 'inf': use a finite number above 0"),
+    (LOOP + ["--timeout", "0"], "argument --timeout: '0': use a finite number above 0"),
+    (LOOP + ["--retry-base-delay", "-1"], "argument --retry-base-delay: '-1': use a finite number above 0"),
+    (LOOP + ["--hours=-inf"], "argument --hours: '-inf': use a finite number of at least 0"),
+    (LOOP + ["--max-cost-usd", "nan"], "argument --max-cost-usd: 'nan': use a finite number of at least 0"),
+    (LOOP + ["--max-experiments", "1.5"], "argument --max-experiments: '1.5' is not an integer"),
+    (LOOP + ["--max-experiments", "-1"], "argument --max-experiments: '-1': use a finite number of at least 0"),
+    (LOOP + ["--baseline-runs", "0"], "argument --baseline-runs: '0': use a finite number of at least 1"),
+    (TRY + ["--margin", "nan"], "argument --margin: 'nan': use a finite number of at least 0"),
+    (TRY + ["--confirm", "-1"], "argument --confirm: '-1': use a finite number of at least 0"),
+    (TRY + ["--timeout", "1e999"], "argument --timeout: '1e999': use a finite number above 0"),
+])
+def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+
+
+def test_numbers_in_range_are_parsed():
+    s = parse(LOOP + ["--timeout", "30", "--hours", "0.5", "--max-experiments", "0", "--retry-base-delay", "0.25",
+                      "--margin", "0", "--confirm", "0", "--baseline-runs", "2"])
+    assert (s.timeout, s.hours, s.max_experiments, s.retry_base_delay, s.margin, s.confirm, s.baseline_runs) == \
+        (30.0, 0.5, 0, 0.25, 0.0, 0, 2)
+    assert type(s.max_experiments) is int and type(s.baseline_runs) is int
