@@ -191,7 +191,7 @@ def stop_reason(s, loop):
     return None
 
 
-def research_main(s, proposer, constants):
+def research_main(s, proposer, constants, devices):
     """The loop's own setup (the proposer, its prompts and check, the preflight, the devices), then research_loop
     until a limit. Returns 0."""
     a, target = s.settings, s.target
@@ -199,8 +199,6 @@ def research_main(s, proposer, constants):
     proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
     system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
                                   frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
-    devices = list(a.device_list) if a.ray is None else cluster.connect(a.ray, dict(
-        sandbox=a.sandbox, source=a.source, profile=s.profile, hide=[s.repo.working_tree_dir, str(git_dir(s.repo))]))
     for warning in checks.start_warnings(s, devices, proposer.is_llm):
         console.say(f"warning: {warning}")
         s.log("warning", reason=warning)
@@ -245,11 +243,14 @@ def main(argv=None):
         proposer = make_proposer(settings) if settings.command == "loop" else None   # a missing key stops here
         if proposer is not None:        # one 1-token request: a dead server, a refused key or an unknown model
             proposer.check()            # stop here, before anything is created or trained
-        with lock_repo(open_repo(target)):
+        with lock_repo(repo := open_repo(target)):
             ready = ensure_prepared(target, settings.source)      # a fresh machine: prepared here, with progress
+            devices = list(settings.device_list) if settings.ray is None else cluster.connect(settings.ray, dict(
+                sandbox=settings.sandbox, source=settings.source, profile=profile_of(ready),   # a dead address
+                hide=[repo.working_tree_dir, str(git_dir(repo))]))                             # stops here
             s, constants = open_session(settings)
             s.profile = profile_of(ready)
-            return try_one(s) if settings.command == "try" else research_main(s, proposer, constants)
+            return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
     except SetupError as e:
         console.error(f"agent.py: error: {e}")
         return 2

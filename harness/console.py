@@ -1,11 +1,12 @@
 """
-HARNESS: what the user sees in the terminal: one live status line (terminals only), printed lines and error
-messages, all with secrets redacted and control characters shown as escapes. Writes to stdout and stderr only;
-never to a file.
+HARNESS: what the user sees in the terminal: one live status line (on a terminal; a plain progress line per phase,
+at most every PLAIN_EVERY_S seconds, when stdout is a file or pipe), printed lines and error messages, all with
+secrets redacted and control characters shown as escapes. Writes to stdout and stderr only; never to a file.
 """
 
 import shutil
 import sys
+import time
 
 from harness.redact import redact
 
@@ -28,9 +29,18 @@ def fmt_duration(seconds):
         f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def status(line):
-    """Replace the live status line (terminals only; nothing when stdout is a file or pipe)."""
+PLAIN_EVERY_S = 30.0             # without a terminal: a progress line when the phase changes, else this often
+_plain = {"phase": None, "at": 0.0}
+
+
+def status(line, phase=None):
+    """Replace the live status line on a terminal. When stdout is a file or pipe (an overnight run's log), print it
+    as a plain line when `phase` changed since the last one, or PLAIN_EVERY_S seconds after it."""
     if not sys.stdout.isatty():
+        now = time.monotonic()
+        if phase != _plain["phase"] or now - _plain["at"] >= PLAIN_EVERY_S:
+            _plain.update(phase=phase, at=now)
+            print(shown(line), flush=True)
         return
     width = shutil.get_terminal_size((120, 20)).columns
     sys.stdout.write("\r\x1b[2K" + shown(line)[:width - 1])

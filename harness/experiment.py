@@ -186,6 +186,7 @@ def record(s, result):
                   base=r.base or s.best_commit, base_metric=r.base_metric if r.base else s.best_metric,
                   idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.wrap is not None,
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
+                  eval_seconds=round(outcome.eval_seconds, 3),
                   noise_sd=r.noise_sd, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
@@ -278,7 +279,11 @@ def max_wall(s):
 
 
 def holdout_line(s):
-    """The end-of-run holdout line (harness.holdout.holdout_summary), or why it was not measured."""
+    """The end-of-run holdout line (harness.holdout.holdout_summary), or why it was not measured. Announced first,
+    with the time two evaluations took in this tag (it can take minutes, after the stop line)."""
+    took = [e.get("eval_seconds") for e in (s.history[0], s.best_event)]
+    console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
+                (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
     try:
         return holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"])
     except SetupError as e:

@@ -106,8 +106,13 @@ def perturb(train_src, proposer, n, seed, tag, profile=None, attempt=0):
     random: a seeded choice per experiment n (reproducible on resume); grid: the (n-1)-th single step of a sweep
     over every constant, down then up. attempt > 0 (a repair: the first answer was refused, e.g. as a duplicate of
     an experiment already measured) takes another choice, the next step of the sweep. profile selects the `if PROFILE == ...` branch (see numeric_constants).
-    Raises Stop when train.py has no constant to perturb."""
-    options = [(name, line, span, new) for name, line, span, number, kind in numeric_constants(train_src, profile)
+    Raises Stop when train.py has no constant to perturb; returns "" (no idea) when it does not parse (its own run
+    crashes and says why: the baseline's stops the loop)."""
+    try:
+        found = numeric_constants(train_src, profile)
+    except SyntaxError:
+        return ""
+    options = [(name, line, span, new) for name, line, span, number, kind in found
                for new in moves(number, kind, wide=proposer == "random")]
     if not options:
         raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for "

@@ -29,6 +29,7 @@ from harness.redact import clean_env, redact
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
 _LIVE, _LIVE_LOCK = set(), threading.Lock()   # the tokens of the runs in flight in this process
 KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
+LOG_CAP_BYTES = 16 * 2**20      # a run's kept log: its first and last 8 MiB, the cut marked (the summary is last)
 LOG_TAIL_LINES = 60             # lines of the log sent back to the LLM and kept in the event after a crash
 
 
@@ -114,6 +115,7 @@ def run(spec):
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
                                          spec.timeout, spec.on_start, spec.on_tick, peak=peak)
+    cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
     own, reported_gb, own_problem = read_metric(summary, spec.metric)
@@ -438,6 +440,24 @@ def parse_summary(text):
         if sep and key.strip() and " " not in key.strip():
             summary[key.strip()] = value.strip()
     return summary
+
+
+def cap_log(path, cap=LOG_CAP_BYTES):
+    """Cut a log longer than `cap` bytes to its first and last cap/2 bytes, with a line in between that says how
+    much was cut and why (a run that prints 400 MB would otherwise be kept twice: its log and run.log). Returns the
+    bytes cut (0: none)."""
+    size = path.stat().st_size if path.exists() else 0
+    half = cap // 2
+    if size <= cap:
+        return 0
+    with open(path, "r+b") as f:
+        f.seek(size - half)
+        tail = f.read()
+        f.seek(half)
+        f.write(f"\n[... {size - 2 * half} bytes cut by the harness: a run's kept log is its first and last "
+                f"{half / 2**20:g} MiB ...]\n".encode() + tail)
+        f.truncate()
+    return size - 2 * half
 
 
 def read_log(path, limit=1 << 20):

@@ -141,7 +141,8 @@ class Session:
             phase += f" | {self.pool.throughput(len(self.history)).short()}"
         console.status(f"exp {n} | {phase} | best {best} | last {self.last} | "
                        f"{(self.spend.input_tokens + self.spend.output_tokens) / 1000:.1f}k tok ${self.spend.usd:.2f} | "
-                       f"{console.fmt_duration(time.monotonic() - self.started)}")
+                       f"{console.fmt_duration(time.monotonic() - self.started)}",
+                       phase=f"{n} {re.sub(r'[0-9]+:[0-9:]+|[0-9.]+s', '', phase)}")   # its clocks do not count
 
 # ---------------------------------------------------------------------------
 # What the steps read

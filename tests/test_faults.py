@@ -543,3 +543,30 @@ def test_ctrl_c_while_agent_py_starts_is_a_clean_exit(target, after):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130 and "Traceback" not in err + out, err
+
+
+def test_a_baseline_that_does_not_parse_stops_with_its_crash_under_random_and_speculation(target, capsys):
+    """--proposer random proposes while the baseline trains: a train.py with a syntax error gives no idea (not a
+    traceback from the perturbation), and the baseline's crash stops the loop with its reason."""
+    train = target / "train.py"
+    train.write_text(train.read_text() + "\ndef broken(:\n")
+    git.Repo(target).git.commit("-qam", "a typo")
+    import agent
+    assert agent.main(["--tag", "t", "--target", str(target), *STRICT, "--proposer", "random",
+                       "--max-experiments", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "agent.py: stopped: the baseline run crashed (exit code 1" in err and "SyntaxError" in err
+    assert rows(target) == []
+
+
+def test_a_run_that_prints_a_flood_keeps_its_head_and_tail(target):
+    """~20 MB of output: the kept log is cut to its first and last 8 MiB with the cut marked; the summary at its end
+    is still read (the row is a normal keep) and run.log is the same capped copy."""
+    flood = edit("print a lot", "time.sleep(SLEEP)", "time.sleep(SLEEP)\nfor _ in range(20_000):\n    print('x' * 999)")
+    with ScriptedLLM([flood]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert rows(target)[1].split("\t")[1:4] == ["1.108000", "0.0", "discard"]
+    log = Path(events(target, "run_end")[-1]["log"]).read_bytes()
+    assert len(log) < runner.LOG_CAP_BYTES + 4096 and b"bytes cut by the harness" in log
+    assert log.startswith(b"step 1 | loss 2.0") and b"=== separate evaluation" in log
+    assert (target / "run.log").read_bytes() == log

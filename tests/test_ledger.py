@@ -157,3 +157,19 @@ def test_run_key_pairs_a_run_with_its_end():
     assert ledger.run_key({"n": 3, "fix": 1, "run": 2}) == (3, 1, 2)
     assert ledger.run_key({"n": 3, "fix": 0}) == (3, 0, 0)
     assert ledger.run_key({"n": 3, "attempt": 2}) == (3, 2, 0)               # events written before "fix"
+
+
+def test_pruning_keeps_the_baseline_the_best_and_what_is_not_recorded_yet(tmp_path):
+    """Recording #1 with #2 finished first on another device (recorded = 2): #2's artifact stays, it may be kept
+    next; #1's goes (neither baseline nor best); the baseline's and the best's (#3 here) stay."""
+    from harness import holdout
+    for n in range(5):
+        made = tmp_path / f"run{n}" / "model.pt2"
+        made.parent.mkdir()
+        made.write_text(str(n))
+        holdout.keep_artifact(tmp_path, n, "model.pt2", made)
+    holdout.prune_artifacts(tmp_path, (0, 3), 2)
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == [
+        "0000-model.pt2", "0002-model.pt2", "0003-model.pt2", "0004-model.pt2"]
+    holdout.prune_artifacts(tmp_path, (0, 3), 5)
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == ["0000-model.pt2", "0003-model.pt2"]

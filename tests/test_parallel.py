@@ -325,6 +325,7 @@ def test_bad_devices_and_ray_flags_are_refused(target, capsys):
     started = time.monotonic()                 # a dead address fails fast (Ray itself retries it for minutes)
     assert agent.main(["--tag", "t", "--target", str(target), "--proposer", "random", "--ray", "127.0.0.1:1"]) == 2
     assert "--ray 127.0.0.1:1: nothing answers there" in capsys.readouterr().err and time.monotonic() - started < 30
+    assert "autoresearch/t" not in git.Repo(target).heads and not (target / "events.jsonl").exists()  # no trace
     assert [(d.name, d.env) for d in pool.parse_devices("1,cuda:3", 8, gpus=4)] == [
         ("cuda:1", {"CUDA_VISIBLE_DEVICES": "1"}), ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3"})]
     assert [(d.name, d.threads, d.env) for d in pool.parse_devices("cpu:2", 2)] == [
