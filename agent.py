@@ -285,7 +285,10 @@ def log_stop(s, event, reason):
     """Log why the loop ended. Nothing to undo: the branch only moves to a kept commit, and the runner kills the
     training group on any exception."""
     if s is not None and s.best_commit:
-        s.log("stop", reason=reason, status=event)
+        try:
+            s.log("stop", reason=reason, status=event)
+        except (Stop, OSError):         # the ledger itself is what failed: the stop's message says so
+            pass
 
 
 def raise_interrupt(signum, frame):

@@ -135,6 +135,8 @@ def main():
                     counts["hung"] += 1
                 counts[kind or "final run"] += 1
                 counts["tracebacks"] += "Traceback" in err
+                if "Traceback" in err or kind in ("sigterm", "ctrl-c (group)") and proc.returncode not in (130, None):
+                    print(f"stop {i} ({kind}), exit {proc.returncode}:\n{err[-3000:]}", file=sys.stderr)
                 if kind is None and proc.returncode != 0:
                     counts["final run failed"] += 1
                     print(err[-2000:], file=sys.stderr)

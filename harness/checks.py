@@ -22,7 +22,8 @@ def numbered(s):
     """The tag's experiments must be numbered 0..N-1 with #0 the baseline (events.jsonl cut or edited would make a
     resume reuse numbers and take another experiment for the baseline)."""
     numbers = [e.get("n") for e in s.history]
-    if numbers != list(range(len(numbers))) or s.history and s.history[0].get("description") != "baseline":
+    if numbers != list(range(len(numbers))) or s.history and not str(s.history[0].get("description")).startswith(
+            "baseline"):                # "baseline", or "baseline (3 runs)"
         shown = ", ".join(map(str, numbers[:12])) + (" ..." if len(numbers) > 12 else "")
         raise SetupError(f"events.jsonl holds experiments of tag {s.settings.tag} numbered {shown}, not 0..N-1 "
                          f"starting with the baseline: it was cut or edited. Put the whole file back (from a "

@@ -12,6 +12,8 @@ from pathlib import Path
 from harness.ledger import SMOKE_LABEL
 
 MARKERS = ("<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE")   # each alone on its line (trailing blanks allowed)
+MAX_ANSWER_CHARS = 200_000       # an answer may rewrite train.py (~30 KB) several times over, not flood the parser
+MAX_BLOCKS = 200
 MALFORMED = ("a block is malformed: every <<<<<<< SEARCH line needs a ======= line and a >>>>>>> REPLACE line, "
              "in that order")
 
@@ -27,8 +29,12 @@ def apply_answer(answer, train_src, frozen=("prepare.py",)):
     the blocks are missing, a block names a file other than train.py, a SEARCH does not match exactly once, the
     result is unchanged, or the result does not parse as Python."""
     answer = answer.replace("\r\n", "\n")
-    m = re.search(r"^[ \t]*DESCRIPTION:[ \t]*(.*\S)", answer, re.M)
-    if not m:
+    if len(answer) > MAX_ANSWER_CHARS or answer.count(MARKERS[0]) > MAX_BLOCKS:
+        raise EditError(f"the answer is {len(answer):,} characters with {answer.count(MARKERS[0])} blocks; an edit "
+                        f"may be at most {MAX_ANSWER_CHARS:,} characters and {MAX_BLOCKS} blocks: send only the lines "
+                        "that change")
+    m = re.search(r"^[ \t]*DESCRIPTION:(.*)$", answer, re.M)     # no backtracking over a line of blanks
+    if not m or not m.group(1).strip():
         raise EditError('the answer has no "DESCRIPTION: ..." line')
     description = clean_description(m.group(1))
     for name in re.findall(r"^[ \t]*FILE:[ \t]*(\S+)", answer, re.M):

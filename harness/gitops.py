@@ -215,7 +215,7 @@ def export_commit(repo, commit, rel, dest):
 
 # what git says when the machine, not a hook, made a command fail
 ENVIRONMENT = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded",
-               "unable to create temporary file", "Input/output error")
+               "unable to create temporary file", "Input/output error", "Out of diskspace")
 GitError = git.GitCommandError             # what a failed git command raises (its stderr holds git's own words)
 
 

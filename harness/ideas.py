@@ -155,7 +155,8 @@ def rebase(s, idea, backlog, running):
         description, source = apply_answer(idea.answer, best_source(s), FROZEN)
         check_new(s, source, in_flight(backlog, running))
     except EditError as e:
-        s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e))
+        s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e),
+              rebased_from=idea.rebased_from)
         console.say(f"      dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
                     f"{s.best_commit[:7]} and {e}")
         return None
@@ -171,8 +172,14 @@ def unfinished(s):
     events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
     recorded = len(s.history)
     commits = {e["n"]: e for e in events if e.get("event") == "commit" and e.get("n", -1) >= recorded}
-    later = [idea for _, e in sorted(commits.items()) if (idea := idea_of(s, e["full_commit"]))]
-    begun = {e.get("rebased_from") for e in s.history}                 # re-runs already recorded
+    later, sources = [], set()
+    for _, e in sorted(commits.items()):        # one train.py once: a redo committed again under a later number
+        idea = idea_of(s, e["full_commit"])     # (a second stop) is the same idea, and so is a measured one
+        if idea is not None and idea.source not in sources and duplicate_of(s, idea.source) is None:
+            later.append(idea)
+            sources.add(idea.source)
+    begun = {e.get("rebased_from") for e in s.history} | {    # re-runs recorded, or dropped (they no longer apply)
+        e.get("rebased_from") for e in events if e.get("event") == "dropped"}
     pending = {idea.description for idea in later}                      # re-runs committed: redone as `later`
     first = [idea for e in s.history if e.get("superseded") and e["n"] not in begun
              and (idea := idea_of(s, e["full_commit"], e["n"])) and idea.description not in pending]

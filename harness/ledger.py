@@ -15,7 +15,7 @@ Order of operations for experiment n, and what a restart after SIGKILL at each p
   2. "run" event (process group id, run dir), train and evaluate, "run_end" event
                                   -> a training group still alive is killed; the run dir is replaced on the redo
   3. "experiment" event  (the experiment happened: from here on it counts)
-  4. results.tsv row              -> if the kill hit between 3 and 4, the row is appended on restart (missing_row);
+  4. results.tsv row              -> if the kill hit between 3 and 4, the row is appended on restart (restore_outputs);
                                      a row cut mid-write is removed first (repair_results)
   5. keep: the branch moves to the candidate (update-ref)
                                   -> if the kill hit between 3 and 5, the branch is moved on restart
@@ -95,7 +95,7 @@ def check_size(path, expected):
     if expected is not None and (size is None or size < expected):
         found = "is gone" if size is None else f"was cut to {size} bytes"
         raise Stop(f"{path} {found} while the loop ran ({expected} bytes were written): nothing more is written to "
-                   f"it. Put it back (from a backup, or `git stash`-ed copy), then rerun the same command; results.tsv "
+                   f"it. Put it back (from a backup), then rerun the same command; results.tsv "
                    f"and the branch are unchanged")
 
 
@@ -116,8 +116,8 @@ def repair_last_line(path, complete):
     """Deal with a last line that has no final newline (a kill or power loss during an append). If complete(line)
     says it is whole (say, a row an editor saved without a newline) it gets its newline; otherwise it is a torn
     fragment and is cut off, so the next append does not continue it: a results.tsv row is re-derived from its
-    event (missing_row) and a cut event was never complete. complete gets the line's bytes (a cut can split a UTF-8
-    character). Returns the fragment cut off ("" if none), for the caller to log, so nothing is lost without a trace."""
+    event (session.restore_outputs) and a cut event was never complete. complete gets the line's bytes (a cut can
+    split a UTF-8 character). Returns the fragment cut off ("" if none), for the caller to log, so nothing is lost without a trace."""
     path = Path(path)
     data = path.read_bytes() if path.is_file() else b""
     if not data or data.endswith(b"\n"):
@@ -257,15 +257,6 @@ def keep_one_tag(results_path, all_events, tag, metric):
         own.unlink()        # every row it held is in results.tsv again
     return moved
 
-
-def missing_row(results_path, all_events, event):
-    """True if `event`'s row is missing from results.tsv. Events are written before rows, so each row text
-    occurs at most as often as this tag's events that produce it; fewer means the last append was lost."""
-    row = results_row(event)
-    rows = results_path.read_text(encoding="utf-8", errors="replace").splitlines() if results_path.exists() else []
-    made = sum(1 for e in all_events if e.get("event") == "experiment" and e.get("tag") == event.get("tag")
-               and row_of(e) == row)
-    return rows.count(row) < made
 
 # ---------------------------------------------------------------------------
 # Reading (tolerant: the agent may be appending while we read)

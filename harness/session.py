@@ -137,12 +137,13 @@ class Session:
                 best += f" ({100 * (self.best_metric - self.baseline_metric) / abs(self.baseline_metric):+.2f}%)"
             if self.rule.noise_sd:
                 best += f" noise sd {self.rule.noise_sd:.4f}"
+        key = f"{n} {re.sub(r'[0-9]+:[0-9:]+|[0-9.]+s', '', phase)}"   # a plain line per phase: its clocks do not count
         if self.pool is not None:
             phase += f" | {self.pool.throughput(len(self.history)).short()}"
         console.status(f"exp {n} | {phase} | best {best} | last {self.last} | "
                        f"{(self.spend.input_tokens + self.spend.output_tokens) / 1000:.1f}k tok ${self.spend.usd:.2f} | "
                        f"{console.fmt_duration(time.monotonic() - self.started)}",
-                       phase=f"{n} {re.sub(r'[0-9]+:[0-9:]+|[0-9.]+s', '', phase)}")   # its clocks do not count
+                       phase=key)
 
 # ---------------------------------------------------------------------------
 # What the steps read
@@ -355,9 +356,11 @@ def restore_outputs(s, all_events):
         gitops.ensure_ignored(s.repo, [path])
         s.log("archived", file=path.name, rows=n)
         console.say(f"{ledger.RESULTS}: moved {n} row(s) of another tag to {path.name} (report.py reads it)")
-    if s.history and ledger.missing_row(target / ledger.RESULTS, all_events, s.history[-1]):
-        ledger.append_line(target / ledger.RESULTS, ledger.results_row(s.history[-1]))
-        s.log("row_restored", n=s.history[-1]["n"])
+    rows, wanted = ledger.read_rows(target / ledger.RESULTS), [ledger.results_row(e) for e in s.history]
+    if len(rows) < len(wanted) and rows == wanted[:len(rows)]:   # lost to a kill, or results.tsv moved aside
+        for event, row in zip(s.history[len(rows):], wanted[len(rows):]):
+            ledger.append_line(target / ledger.RESULTS, row)
+            s.log("row_restored", n=event["n"])
     if s.history and s.history[-1].get("full_commit"):      # a kill between the event and its note (no-op if there)
         gitops.add_note(s.repo, s.history[-1]["full_commit"], ledger.note_text(s.history[-1], s.metric))
 

@@ -570,3 +570,81 @@ def test_a_run_that_prints_a_flood_keeps_its_head_and_tail(target):
     assert len(log) < runner.LOG_CAP_BYTES + 4096 and b"bytes cut by the harness" in log
     assert log.startswith(b"step 1 | loss 2.0") and b"=== separate evaluation" in log
     assert (target / "run.log").read_bytes() == log
+
+
+def test_a_ledger_deleted_while_the_loop_runs_stops_it_and_a_renumbered_one_is_refused(target, capsys):
+    """events.jsonl deleted while #1 trains: the next event is not written into a new file (which would hold only
+    later events); the loop stops with the way out. Put back, the tag resumes; cut to experiments that are not
+    numbered 0..N-1 from the baseline, the resume is refused before anything runs."""
+    slow_win = edit("raise LR slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    ledger_path = target / "events.jsonl"
+    with ScriptedLLM([slow_win]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")
+        wait_for_run(target, 1, proc)
+        saved = ledger_path.read_bytes()
+        ledger_path.unlink()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert f"{ledger_path} is gone while the loop ran" in err and not ledger_path.exists()
+    ledger_path.write_bytes(saved)
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0       # #1 redone from its commit
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1] and len(rows(target)) == 2
+    lines = ledger_path.read_text().splitlines()
+    ledger_path.write_text("\n".join(line for line in lines if '"n": 0' not in line or '"experiment"' not in line)
+                           + "\n")
+    capsys.readouterr()
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "2") == 2
+    assert "holds experiments of tag t numbered 1, not 0..N-1 starting with the baseline" in capsys.readouterr().err
+
+
+def test_a_tag_with_several_baseline_runs_resumes_and_results_moved_aside_come_back(target):
+    """--baseline-runs 2 (the baseline's row says "baseline (2 runs)") resumes; results.tsv moved aside, as the stray
+    rows refusal advises, is rebuilt with every row of the tag from its events."""
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "2",
+                     "--baseline-runs", "2") == 0
+    before = rows(target)
+    assert before[0].endswith("\tkeep\tbaseline (2 runs)") and len(before) == 3
+    (target / "results.tsv").rename(target / "aside.tsv")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "3",
+                     "--baseline-runs", "2") == 0
+    assert rows(target)[:3] == before and len(rows(target)) == 4
+    assert [e["n"] for e in events(target, "row_restored")] == [0, 1, 2]
+
+
+def test_plain_progress_lines_come_once_per_phase(target, capsys):
+    """stdout not a terminal, speculation on (its throughput figures change every tick): one "training" line per
+    run, not one per second."""
+    slow = edit("slow", "SLEEP = 0.0", "SLEEP = 4.0")
+    with ScriptedLLM([slow, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    out = capsys.readouterr().out
+    training = [line for line in out.splitlines() if line.startswith("exp 1 | training")]
+    assert 1 <= len(training) <= 2, training
+
+
+def test_a_candidate_redone_under_two_numbers_is_measured_once(target):
+    """Two stops in a row can leave the same train.py committed as #1 and as #2 (the redo of #2 committed as #1,
+    then killed): the resume redoes it once, and the proposer gives the next experiment."""
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "0") == 0
+    repo = git.Repo(target)
+    base = repo.commit("autoresearch/t")
+    text = (target / "train.py").read_text().replace("LR = 0.04", "LR = 0.05")
+    def git_out(*argv, given=""):
+        return subprocess.run(["git", *argv], cwd=target, input=given, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    blob = git_out("hash-object", "-w", "--stdin", given=text)
+    tree = git_out("mktree", given="".join(f"{e.mode:o} {e.type} {blob if e.path == 'train.py' else e.hexsha}\t"
+                                           f"{e.path}\n" for e in base.tree))
+    sha = git_out("commit-tree", tree, "-p", base.hexsha, "-m", "raise LR")
+    with open(target / "events.jsonl", "a") as f:
+        for n in (1, 2):
+            f.write(json.dumps({"ts": "2026-12-02T00:00:00+00:00", "event": "commit", "tag": "t", "n": n, "fix": 0,
+                                "full_commit": sha}) + "\n")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "2") == 0
+    exps = events(target, "experiment")
+    assert exps[1]["description"] == "raise LR" and exps[2]["description"].startswith("random: ")
+    assert len(events(target, "redo")) == 1
+    blobs = [repo.commit(e["full_commit"]).tree["train.py"].hexsha for e in exps]
+    assert len(set(blobs)) == 3

@@ -44,11 +44,21 @@ def test_blocks_split_as_the_regex_did(answer):
 
 def test_a_huge_answer_is_refused_in_linear_time():
     """~1 MB of SEARCH lines (what froze the loop for minutes under the regex): refused at once, with the fix."""
+    from harness.edits import split_blocks
     for answer in ("DESCRIPTION: x\n" + "<<<<<<< SEARCH\n" * 70_000, "DESCRIPTION: x\n" + "\n" * 1_000_000 +
                    "<<<<<<< SEARCH\nA = 1\n=======\nA = 2\n" + "=======\n" * 100_000):
         with pytest.raises(EditError, match="a block is malformed: every <<<<<<< SEARCH line needs a ======= line"):
+            split_blocks(answer)
+        with pytest.raises(EditError, match="an edit may be at most 200,000 characters"):
             apply_answer(answer, "A = 1\n")
-    assert apply_answer("\n" * 1_000_000 + edit("far down", "A = 1", "A = 2"), "A = 1\n") == ("far down", "A = 2\n")
+    assert apply_answer("\n" * 150_000 + edit("far down", "A = 1", "A = 2"), "A = 1\n") == ("far down", "A = 2\n")
+    with pytest.raises(EditError, match='no "DESCRIPTION: ..." line'):           # a line of blanks: no backtracking
+        apply_answer("DESCRIPTION:" + " " * 150_000, "A = 1\n")
+    with pytest.raises(EditError, match=r"the answer is 2,000,015 characters .* at most 200,000 characters"):
+        apply_answer("DESCRIPTION: x\n" + "\n" * 2_000_000, "A = 1\n")
+    many = "DESCRIPTION: x\n" + "".join(edit("", f"A{i} = 1", f"A{i} = 2").split("\n", 1)[1] for i in range(201))
+    with pytest.raises(EditError, match="201 blocks; an edit may be at most 200,000 characters and 200 blocks"):
+        apply_answer(many, "".join(f"A{i} = 1\n" for i in range(201)))
 
 
 def test_perturbations_keep_types_and_powers_of_two():

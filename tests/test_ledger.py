@@ -118,18 +118,6 @@ def test_a_kill_after_the_archive_is_written_is_finished_without_repeating_rows(
 # ---------------------------------------------------------------------------
 
 
-def test_missing_row_counts_rows_against_the_events_that_make_them(tmp_path):
-    first, second = experiment("t", 0, "abc1234", 1.5), experiment("t", 1, "def5678", 1.25)
-    header = ledger.results_header("val_bpb")
-    results = write(tmp_path / "results.tsv", header, ledger.results_row(first))
-    assert not ledger.missing_row(results, [first, second], first)
-    assert ledger.missing_row(results, [first, second], second)
-    twice = experiment("t", 2, "abc1234", 1.5)                 # the same row text as the first one
-    assert ledger.missing_row(results, [first, twice], twice)
-    assert not ledger.missing_row(results, [first, experiment("u", 0, "abc1234", 1.5)], first)   # another tag's
-    assert ledger.missing_row(tmp_path / "absent.tsv", [first], first)
-
-
 def test_tag_state_rebuilds_history_spend_and_stale_runs(tmp_path):
     log = [{"event": "start", "tag": "t"},
            experiment("t", 0, "abc1234", 1.5, description="baseline"),
