@@ -244,12 +244,12 @@ def main(argv=None):
         if proposer is not None:        # one 1-token request: a dead server, a refused key or an unknown model
             proposer.check()            # stop here, before anything is created or trained
         with lock_repo(repo := open_repo(target)):
-            ready = ensure_prepared(target, settings.source)      # a fresh machine: prepared here, with progress
+            profile = profile_of(ensure_prepared(target, settings.source))   # a fresh machine: prepared here
             devices = list(settings.device_list) if settings.ray is None else cluster.connect(settings.ray, dict(
-                sandbox=settings.sandbox, source=settings.source, profile=profile_of(ready),   # a dead address
-                hide=[repo.working_tree_dir, str(git_dir(repo))]))                             # stops here
+                sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops here
+                hide=[repo.working_tree_dir, str(git_dir(repo))]))
             s, constants = open_session(settings)
-            s.profile = profile_of(ready)
+            s.profile = profile
             return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
     except SetupError as e:
         console.error(f"agent.py: error: {e}")
