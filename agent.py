@@ -130,20 +130,15 @@ def measure(s, device, job):
 
 
 def settle(s, loop, job, outcome, judged, ended):
-    """The verdict on a finished candidate, in the main thread: a crash may get a fix (the amended commit runs before
-    anything new); a win over a best that has moved since it started is never kept untested: it is recorded as
-    superseded (a discard) and its edit, re-applied to the new best, runs next; otherwise the event, the row, and on
-    a keep the branch moves."""
-    result = experiment.Result(job.n, outcome, judged, job.idea.description, ended - job.t0, job.cost,
+    """The verdict on a finished candidate, in the main thread: the event, the row, and on a keep the branch moves.
+    A win over a best that has moved since it started is never kept untested: it is recorded as superseded (a
+    discard) and its edit, re-applied to the new best, runs next. A crash is recorded, then may get a fix: the
+    amended commit is the next experiment and runs before anything new."""
+    result = experiment.Result(job.n, outcome, judged, job.description, ended - job.t0, job.cost,
                                job.idea.repairs, job.fixes, job.base, job.base_metric,
-                               fields=dict(wave=job.idea.wave, rebased_from=job.idea.rebased_from))
+                               fields=dict(wave=job.idea.wave, rebased_from=job.idea.rebased_from, fix_of=job.fix_of))
     if judged.status == "crash":        # the machine's fault (data gone, disk full) stops the loop: the idea is
         experiment.check_environment(s, job.n)      # not blamed, nothing is sent for a fix, a rerun redoes it
-    if judged.status == "crash" and result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm:
-        fixed = ideas.ask_fix(s, loop.backlog, job, result.why, (judged.failed or outcome).log_tail)
-        if fixed is not None:
-            loop.backlog.fixes.append(fixed)
-            return
     if judged.status == "keep" and job.base != s.best_commit:
         result.judged = dataclasses.replace(judged, status="discard")
         result.reason = (f"superseded: it beat its base {job.base[:7]}, but the best moved to {s.best_commit[:7]} "
@@ -155,6 +150,11 @@ def settle(s, loop, job, outcome, judged, ended):
         experiment.keep(s, event)
     loop.failures.append(event["status"] == "crash")
     s.log("throughput", n=job.n, **loop.pool.throughput(len(s.history)).fields())
+    if result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm and allowed(s, loop) > 0:
+        fixed = ideas.ask_fix(s, loop.backlog, job, loop.assigned, result.why, (judged.failed or outcome).log_tail)
+        if fixed is not None:
+            loop.assigned += 1
+            loop.backlog.fixes.append(fixed)
 
 
 def run_baseline(s, loop):

@@ -30,6 +30,26 @@ def numbered(s):
                          f"backup), or start a new --tag")
 
 
+def readable(s):
+    """Every recorded experiment's commit and train.py must still be readable from git (a disk fault or a killed
+    `git gc` can damage objects): the resume compares new ideas with them and builds on the best. Fills s.blobs (the
+    duplicate check's cache) on the way."""
+    broken = []
+    for e in s.history:
+        try:
+            blob = s.repo.commit(e["full_commit"]).tree / s.train_rel
+            blob.data_stream.read()
+            s.blobs[e["n"]] = blob.hexsha
+        except (gitops.GitError, ValueError, KeyError, OSError) as err:
+            broken.append(f"#{e['n']} ({e['commit']}: {' '.join(str(err).split())[:160]})")
+    if broken:
+        raise SetupError(f"git cannot read the commit or train.py of experiment {', '.join(broken[:3])}"
+                         f"{f' and {len(broken) - 3} more' if len(broken) > 3 else ''} of tag {s.settings.tag!r}: objects "
+                         f"in {gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
+                         "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
+                         f"{ledger.RESULTS} and {ledger.EVENTS} are as they were")
+
+
 def one_budget(s):
     """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
     started = next((e.get("budget_s") for e in s.history if e.get("budget_s") is not None), s.budget)

@@ -201,6 +201,12 @@ def record(s, result):
     return event
 
 
+def fix_texts(idea, fix, words):
+    """A fix's row description and commit message: ("raise LR (fix 1: import math)", "raise LR\n\nfix 1: import
+    math"). The same for the loop's fixes and `try --fix`: each is its own experiment and row, the crash keeps its."""
+    return f"{idea} (fix {fix}: {words})", f"{idea}\n\nfix {fix}: {words}"
+
+
 FREE_BYTES = 16 * 2**20      # less free space than this where the harness writes: the disk is full
 
 

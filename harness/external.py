@@ -41,7 +41,7 @@ def try_one(s):
     if a.fix:                                   # the commit amends the crashed one, as the loop's fix step does
         fix_of, fixes, crashed = fixable(s)
         idea = s.history[fix_of].get("idea") or s.history[fix_of]["description"]
-        description, message = f"{idea} (fix {fixes}: {message})", f"{idea}\n\nfix {fixes}: {message}"
+        description, message = experiment.fix_texts(idea, fixes, message)
     elif source == best_source(s):
         raise SetupError(f"train.py is the best commit's ({s.best_commit[:7]}) unchanged: edit it with one idea first")
     if (earlier := duplicate_of(s, source)) is not None:

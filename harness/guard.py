@@ -13,6 +13,7 @@ is.
 import dataclasses
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from harness.gitops import changed_files
@@ -43,11 +44,12 @@ def take(repo, own_files, own_dirs=()):
                     own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
-def check(repo, snap, frozen=()):
+def check(repo, snap, frozen=(), keep_dir=None):
     """Compare with the snapshot, restore what the harness owns, and return a list of what the run changed
     (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"].
     frozen: the target's frozen files (repository paths): never yours to edit, so restored from HEAD when they were
-    clean before the run."""
+    clean before the run. keep_dir: where a harness file changed during the run is saved before it is restored
+    (without the sandbox a change of yours cannot be told from the run's: it is refused, never lost)."""
     found = []
     now = _refs(repo)
     for ref in sorted(set(snap.refs) | set(now)):
@@ -71,17 +73,26 @@ def check(repo, snap, frozen=()):
             found.append(f"modified {rel} in your checkout (restored from HEAD)")
         elif rel not in snap.dirty or _sha(root / rel) != snap.dirty[rel]:
             found.append(f"modified {rel} in your checkout (not undone: check it)")
-    return found + _check_own(snap)
+    return found + _check_own(snap, keep_dir, root)
 
 
-def _check_own(snap):
-    """Put the harness's own files back as they were; what was changed, as in check()."""
+def _check_own(snap, keep_dir=None, root=None):
+    """Put the harness's own files back as they were (what was there saved in keep_dir first, named relative to root
+    when inside it); what was changed, as in check()."""
     found = []
     for path, data in snap.own.items():
         current = path.read_bytes() if path.is_file() else None
         if current != data:
+            saved = ""
+            if current is not None and keep_dir is not None:
+                keep = Path(keep_dir) / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+                keep = next(k for i in range(1000) if not (k := keep.with_name(f"{keep.name}{f'-{i}' if i else ''}"))
+                            .exists())
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                keep.write_bytes(current)
+                saved = f"; copy at {keep.relative_to(root) if root and keep.is_relative_to(root) else keep}"
             _restore(path, data)
-            found.append(f"wrote {path.name} (restored)")
+            found.append(f"wrote {path.name} (restored{saved})")
     for folder, names in snap.dirs.items():
         for new in sorted({p.name for p in folder.glob("*")} - names):
             if (folder / new).is_file() or (folder / new).is_symlink():

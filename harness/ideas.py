@@ -48,6 +48,14 @@ class Job:
     fixes: int = 0
     cost: Spend = Spend()
     t0: float = dataclasses.field(default_factory=time.monotonic)   # when it was handed to its device
+    fix_of: int | None = None           # a fix: the experiment whose crash it fixes (the idea's first)
+    fix_words: str = ""                 # a fix: what it changed, in the proposer's words
+
+    @property
+    def description(self):
+        """The experiment's description: the idea's, and for a fix what it fixed (experiment.fix_texts)."""
+        return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)[0] if self.fixes else \
+            self.idea.description
 
 
 @dataclasses.dataclass
@@ -97,7 +105,7 @@ def pending(s, running):
     if not running:
         return f"Results known: all {len(s.history)} experiments so far (#0-#{last}); none running."
     return (f"Results known: experiments #0-#{last}. Still running, results not known yet (do not propose these "
-            "again): " + "; ".join(f"#{j.n} {j.idea.description}" for j in sorted(running, key=lambda j: j.n)))
+            "again): " + "; ".join(f"#{j.n} {j.description}" for j in sorted(running, key=lambda j: j.n)))
 
 
 def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
@@ -202,9 +210,10 @@ def idea_of(s, commit, rebased_from=None):
 
 
 def on_llm_retry(s, retry, problem, delay):
-    """A transient LLM error while asking: log it and show the wait."""
+    """A transient LLM error while asking: log it and print a line per retry (an outage overnight is visible in a
+    log file too, at most one line a RETRY_CAP_S once the backoff is at its cap)."""
     s.log("error", where="llm", retry=retry, error=problem[:500], retry_in_s=round(delay, 3))
-    s.status(s.next_n, f"LLM error ({problem[:60]}), retry {retry + 1} in {delay:.0f}s")
+    console.say(f"LLM error ({problem[:120]}): retry {retry + 1} in {delay:.0f}s")
 
 
 def split_ideas(answer):
@@ -215,9 +224,10 @@ def split_ideas(answer):
     return [answer[a:b] for a, b in zip(starts, starts[1:] + [len(answer)])]
 
 
-def ask_fix(s, backlog, job, reason, log_tail):
-    """The crashed candidate goes back to the LLM with its reason and log tail; a usable fix amends the commit (same
-    parent) and becomes the job's next fix. Returns that Job, or None."""
+def ask_fix(s, backlog, job, n, reason, log_tail):
+    """The crashed candidate (recorded as a crash) goes back to the LLM with its reason and log tail; a usable fix
+    amends its commit (same parent) and becomes experiment n, the idea's next fix, with its own row as every measured
+    candidate has (`try --fix` does the same). Returns that Job, or None."""
     with s.lock:                        # the devices' threads use the repository too
         crashed_src = file_at(s.repo, job.commit, s.train_rel)
     prompt = FIX_PROMPT.format(description=job.idea.description, reason=reason, tail=log_tail, train=crashed_src)
@@ -228,6 +238,7 @@ def ask_fix(s, backlog, job, reason, log_tail):
     if not fixed:
         return None
     fix = job.fixes + 1
-    sha = experiment.commit(s, job.n, fixed[0].source, f"{job.idea.description}\n\nfix {fix}: {fixed[0].description}",
-                            fix=fix, amend=job.commit)
-    return dataclasses.replace(job, commit=sha, fixes=fix, cost=job.cost + fixed[0].cost)
+    sha = experiment.commit(s, n, fixed[0].source, experiment.fix_texts(job.idea.description, fix,
+                                                                         fixed[0].description)[1], fix=fix, amend=job.commit)
+    return dataclasses.replace(job, n=n, commit=sha, fixes=fix, cost=fixed[0].cost, t0=time.monotonic(),
+                               fix_of=job.n if job.fix_of is None else job.fix_of, fix_words=fixed[0].description)

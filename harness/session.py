@@ -223,6 +223,7 @@ def open_session(settings):
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
+    checks.readable(s)
     recover_runs(s, state.stale_runs, torn)
     checks.one_budget(s)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)

@@ -87,16 +87,26 @@ def test_crash_then_fix_then_keep(target):
     crashing = edit("raise LR", "LR = 0.04", "LR = 0.05\nimport no_such_module_xyz")
     fix = edit("drop the bad import", "import no_such_module_xyz\nDEPTH = 8", "DEPTH = 8")
     with ScriptedLLM([crashing, fix]) as llm:
-        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
     fix_prompt = llm.requests[1][1]["messages"][0]["content"]
     assert "ModuleNotFoundError" in fix_prompt and "crashed (exit code 1)" in fix_prompt
     crashed, fixed = [e["full_commit"] for e in events(target, "commit")]
-    assert rows(target)[1] == f"{fixed[:7]}\t1.008000\t0.0\tkeep\traise LR"
-    assert sha(target, "autoresearch/t") == fixed and events(target, "experiment")[1]["fixes"] == 1
-    assert git.Repo(target).commit("autoresearch/t").message == ("raise LR\n\nfix 1: drop the bad import\n\n"
-                                                                 "autoresearch: tag t, experiment 1\n")
+    # every measured candidate has its row, as with `try --fix`: the crash, then its fix as the next experiment
+    crash_row, fixed_row = rows(target)[1:]
+    assert crash_row.startswith(f"{crashed[:7]}\t0.000000\t0.0\tcrash\traise LR (exit code 1")
+    assert fixed_row == f"{fixed[:7]}\t1.008000\t0.0\tkeep\traise LR (fix 1: drop the bad import)"
+    fixed_event = events(target, "experiment")[2]
+    assert (fixed_event["n"], fixed_event["fix_of"], fixed_event["fixes"]) == (2, 1, 1)
+    assert sha(target, "autoresearch/t") == fixed
+    repo = git.Repo(target)
+    assert repo.commit(fixed).message == "raise LR\n\nfix 1: drop the bad import\n\nautoresearch: tag t, experiment 2\n"
+    assert repo.commit(fixed).parents == repo.commit(crashed).parents               # amended: the same parent
     assert sha(target, f"refs/autoresearch/t/0001-{crashed[:7]}") == crashed      # the crashed try stays reachable
     assert "no_such_module_xyz" in events(target, "run_end")[1]["log_tail"]
+    # --max-experiments counts fixes: with the limit reached, a crash is recorded and no fix is asked for
+    with ScriptedLLM([edit("shallower", "DEPTH = 8", "DEPTH = 6\nimport no_such_module_xyz")]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "3") == 0
+    assert len(llm.requests) == 1 and rows(target)[-1].split("\t")[3] == "crash"
 
 
 def test_timeout_kills_the_whole_process_group(target):
@@ -148,10 +158,14 @@ def test_train_writing_to_prepare_at_run_time_is_rejected_and_restored(target):
 # ---------------------------------------------------------------------------
 
 
-def test_transient_errors_are_retried(target):
+def test_transient_errors_are_retried(target, capsys):
     with ScriptedLLM([429, 529, RAISE_LR]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     assert [e["error"].split(":")[0] for e in events(target, "error")] == ["HTTP 429", "HTTP 529"]
+    # a line per retry, also when the output is a file (an outage overnight shows in the log)
+    retries = [line for line in capsys.readouterr().out.splitlines() if line.startswith("LLM error")]
+    assert [line.split(":")[0] for line in retries] == ["LLM error (HTTP 429", "LLM error (HTTP 529"]
+    assert [line.split("): ")[1].split(" in ")[0] for line in retries] == ["retry 1", "retry 2"]
     assert len(llm.requests) == 3 and rows(target)[1].endswith("keep\traise LR")
 
 

@@ -23,7 +23,7 @@ from agent_target import STRICT, edit
 from harness import console, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
-from helpers import (AGENT, REPO, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
+from helpers import (AGENT, REPO, LOWER_LR, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
                      tree_is_clean, wait_for_run)
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -54,12 +54,12 @@ def test_secrets_never_reach_train_py_the_records_or_the_llm(target, monkeypatch
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     line = "val_bpb = 1.0 + abs(LR - 0.05) * 10 + DEPTH / 1000"
     dump = edit("print the environment", line, f"print(dict(os.environ)); raise SystemExit(3)\n{line}")
-    with ScriptedLLM([dump, *NO_FIX]) as llm:
-        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
-    crash = events(target, "experiment")[-1]
+    with ScriptedLLM([dump, *NO_FIX, RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    crash = events(target, "experiment")[1]
     assert crash["status"] == "crash"
-    log = Path(events(target, "run_end")[-1]["log"]).read_text()
-    fix_prompt = json.dumps(llm.requests[-1])
+    log = Path(events(target, "run_end")[1]["log"]).read_text()
+    fix_prompt = json.dumps(llm.requests[1])                # the crash goes back for a fix with its log's tail
     assert "visible-setting-1234" in log and "visible-setting-1234" in fix_prompt
     assert "'TOKENIZERS_PARALLELISM': 'false'" in log
     for name, value in SECRETS.items():
@@ -648,3 +648,27 @@ def test_a_candidate_redone_under_two_numbers_is_measured_once(target):
     assert len(events(target, "redo")) == 1
     blobs = [repo.commit(e["full_commit"]).tree["train.py"].hexsha for e in exps]
     assert len(set(blobs)) == 3
+
+
+def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target, capsys):
+    """A recorded candidate's commit object damaged on disk (a disk fault, a killed `git gc`): the resume names the
+    experiment, the objects folder and `git fsck`, exit 2, no traceback, nothing written; once the object is back
+    the tag resumes."""
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    kept = events(target, "experiment")[1]
+    obj = target / ".git" / "objects" / kept["full_commit"][:2] / kept["full_commit"][2:]
+    good = obj.read_bytes()
+    obj.chmod(0o644)
+    obj.write_bytes(b"garbage")
+    before = [(target / name).read_bytes() for name in ("results.tsv", "events.jsonl")]
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"git cannot read the commit or train.py of experiment #1 ({kept['commit']}" in err
+    assert f"{target / '.git'}/objects are missing or damaged. `git fsck` names them" in err
+    assert [(target / name).read_bytes() for name in ("results.tsv", "events.jsonl")] == before
+    obj.write_bytes(good)
+    with ScriptedLLM([LOWER_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    assert rows(target)[-1].endswith("discard\tlower LR")

@@ -330,3 +330,32 @@ def test_bad_devices_and_ray_flags_are_refused(target, capsys):
         ("cuda:1", {"CUDA_VISIBLE_DEVICES": "1"}), ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3"})]
     assert [(d.name, d.threads, d.env) for d in pool.parse_devices("cpu:2", 2)] == [
         ("cpu:0", 1, {"CUDA_VISIBLE_DEVICES": ""}), ("cpu:1", 1, {"CUDA_VISIBLE_DEVICES": ""})]
+
+
+def test_your_edit_of_results_tsv_during_two_unsandboxed_runs_is_saved_and_rejects_one_run(target):
+    """Without the sandbox the harness cannot tell your edit of its results.tsv from a run's, so the run whose guard
+    sees it first is rejected and the file restored, with what it held saved and named; the other device's guard
+    knows the harness's own appends since, so it is not rejected too (no cascade), and the ledger stays whole."""
+    slow(target, 3.0)
+    with ScriptedLLM([LR_UP + "\n" + DEPTH_DOWN]) as llm:
+        proc = subprocess.Popen([sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "30",
+                                 *STRICT, "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--sandbox",
+                                 "off", "--devices", "cpu:2", "--no-speculate", "--max-experiments", "2"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not {1, 2} <= {e["n"] for e in (events(target, "run") if (target / "events.jsonl").exists() else [])}:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        with open(target / "results.tsv", "a") as f:
+            f.write("mine\t0.5\t0.0\tkeep\tmy own note\n")
+        _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    exps = ledger_holds(target)
+    rejected = [e for e in exps[1:] if "rejected: the run wrote results.tsv (restored; copy at .git/autoresearch/t/changed/" in
+                e["description"]]
+    assert len(rejected) == 1 and len(exps) == 3
+    [other] = [e for e in exps[1:] if e is not rejected[0]]
+    assert other["status"] in ("keep", "discard") and "rejected" not in other["description"]
+    saved = target / rejected[0]["description"].split("copy at ")[1].split(")")[0]
+    assert saved.read_text().endswith("mine\t0.5\t0.0\tkeep\tmy own note\n")
+    assert "my own note" not in (target / "results.tsv").read_text()
