@@ -11,6 +11,9 @@ After every stop and at the end it checks what a user is promised:
     tracebacks  a Python traceback on agent.py's stderr
     redone      interrupted candidates run again without asking the LLM ("redo" events)
 
+Every 4th idea crashes (a missing import) and is sent back for a fix, which the LLM gives: a crash row, then the fix
+as the next experiment, under the same faults.
+
     python bench/bench_faults.py                       # 30 faults
     python bench/bench_faults.py --faults 90 --seed 3
 
@@ -57,11 +60,17 @@ class IdeaLLM(ScriptedLLM):
             current = re.findall(r"(?m)^LR = (\S+)$", whole)
             lr = current[-1] if current else "0.04"
             k = int((re.findall(r"propose (\d+) experiments", prompt) or ["1"])[0])
+            if prompt.startswith("The experiment ") and BUG in prompt:    # a crash sent back: fix it
+                return edit("drop the bad import", BUG + "\n", "")
             answers = []
             for _ in range(k):
                 self.count += 1
-                answers.append(edit(f"LR {self.count}", f"LR = {lr}", f"LR = {0.03 + self.count * 0.0007:.4f}"))
+                bug = "\n" + BUG if self.count % 4 == 0 else ""        # every 4th idea crashes, then gets its fix
+                answers.append(edit(f"LR {self.count}", f"LR = {lr}", f"LR = {0.03 + self.count * 0.0007:.4f}{bug}"))
             return "\n".join(answers)
+
+
+BUG = "import no_such_module_in_the_bench"
 
 
 def check(target, tag):
@@ -159,6 +168,8 @@ def main():
             events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
             counts["experiments recorded"] = len([e for e in events if e["event"] == "experiment"])
             counts["redo events (candidates run again, no LLM call)"] = len([e for e in events if e["event"] == "redo"])
+            counts["crashes recorded"] = len([e for e in events if e["event"] == "experiment" and e["status"] == "crash"])
+            counts["fixes recorded"] = len([e for e in events if e["event"] == "experiment" and e.get("fix_of") is not None])
             counts["LLM requests"] = len(llm.requests)
     width = max(map(len, counts))
     for name, value in sorted(counts.items()):
