@@ -208,7 +208,7 @@ def research_main(s, proposer, constants, devices):
     s.log("config", proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
           budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
-          speculate=not a.no_speculate, ray=a.ray, confirm=a.confirm, margin=a.margin)
+          speculate=not a.no_speculate, ray=a.ray, confirm=s.rule.confirm, margin=s.rule.margin_flag)
     console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
                 f"{s.timeout:g}s, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")

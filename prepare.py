@@ -42,7 +42,7 @@ import sys
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace as dataclass_replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -1048,10 +1048,12 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
             old = json.loads(meta_path.read_text())
         except ValueError:
             old = {"dataset": "?", "source": f"an unreadable {meta_path.name}", "profile": "?"}
-        same = (old.get("dataset"), old.get("source"), old.get("profile")) == (dataset, source_id, profile.name)
+        same = (old.get("dataset"), old.get("source"), old.get("profile"), old.get("eval_tokens", profile.eval_tokens)) \
+            == (dataset, source_id, profile.name, profile.eval_tokens)
         if not same and not force:
             raise PrepareError(f"{root} already holds {old.get('dataset')} data ({old.get('source')}) prepared with profile "
-                               f"{old.get('profile')!r}. To replace it re-run with --force; to keep both, set "
+                               f"{old.get('profile')!r} ({old.get('eval_tokens')} eval tokens). To replace it re-run "
+                               f"with --force; to keep both, set "
                                f"AUTORESEARCH_CACHE to another folder for this one")
         if same and not force and dataset != "climbmix":
             print(f"Already prepared: {dataset} data with profile {profile.name!r} in {root} (--force to redo)")
@@ -1150,6 +1152,17 @@ def evaluate_main(artifact, device=None, split="val"):
     return 0
 
 
+def with_eval_tokens(profile, eval_tokens):
+    """The profile, scoring eval_tokens val tokens when given (--eval-tokens). Raises PrepareError unless it is a
+    positive multiple of the profile's MAX_SEQ_LEN (the evaluator scores whole rows)."""
+    if eval_tokens is None:
+        return profile
+    if eval_tokens <= 0 or eval_tokens % profile.max_seq_len:
+        raise PrepareError(f"--eval-tokens {eval_tokens}: use a positive multiple of MAX_SEQ_LEN="
+                           f"{profile.max_seq_len} of profile {profile.name!r}, e.g. {8 * profile.max_seq_len}")
+    return dataclass_replace(profile, eval_tokens=eval_tokens)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Prepare data, tokenizer and evaluation constants for autoresearch (FROZEN).")
     parser.add_argument("--dataset", choices=["climbmix", "tinystories"],
@@ -1161,6 +1174,10 @@ def main(argv=None):
                              "this machine's device: default with CUDA, small with MPS, cpu otherwise)")
     parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards to download, -1 = all (default: 10)")
     parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
+    parser.add_argument("--eval-tokens", type=int, metavar="N",
+                        help="score N val tokens instead of the profile's EVAL_TOKENS: a quicker, noisier evaluation for "
+                             "smoke tests and CI (a multiple of MAX_SEQ_LEN, e.g. 8192 with --profile cpu); recorded "
+                             "with the data, so every run on it is scored alike")
     parser.add_argument("--force", action="store_true", help="replace a cache prepared with another dataset or profile")
     parser.add_argument("--check", action="store_true", help="only check that prepared data exists; exit 0 if so")
     parser.add_argument("--frozen-inputs", action="store_true",
@@ -1190,7 +1207,8 @@ def main(argv=None):
             raise PrepareError(f"--num-shards {args.num_shards}: need at least 1 training shard (or -1 for all)")
         profile = args.profile or device_profile()
         dataset = args.dataset or ("climbmix" if profile == "default" else "tinystories")
-        prepare(dataset, args.source, PROFILES[profile], num_shards, args.download_workers, args.force)
+        prepare(dataset, args.source, with_eval_tokens(PROFILES[profile], args.eval_tokens), num_shards,
+                args.download_workers, args.force)
         return 0
     except PrepareError as e:
         print(f"prepare.py: error: {e}", file=sys.stderr)

@@ -5,6 +5,7 @@ agent.py will not touch: it never stashes, resets or deletes your work. Read-onl
 """
 
 from harness import gitops, ledger
+from harness.edits import fingerprint
 from harness.errors import SetupError
 from harness.proposers import price_key
 from harness.target import FROZEN
@@ -33,12 +34,12 @@ def numbered(s):
 def readable(s):
     """Every recorded experiment's commit and train.py must still be readable from git (a disk fault or a killed
     `git gc` can damage objects): the resume compares new ideas with them and builds on the best. Fills s.blobs (the
-    duplicate check's cache) on the way."""
+    duplicate checks' caches) on the way."""
     broken = []
     for e in s.history:
         try:
             blob = s.repo.commit(e["full_commit"]).tree / s.train_rel
-            blob.data_stream.read()
+            s.prints[e["n"]] = fingerprint(blob.data_stream.read().decode("utf-8", "replace"))
             s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
             broken.append(f"#{e['n']} ({e['commit']}: {' '.join(str(err).split())[:160]})")
@@ -57,6 +58,21 @@ def one_budget(s):
         raise SetupError(f"tag {s.settings.tag!r} was measured with a {started:g} s budget and this run has "
                          f"{s.budget:g} s: its numbers would not be comparable. Use the same budget "
                          "(AUTORESEARCH_TIME_BUDGET) to resume it, or start a new --tag")
+
+
+def one_rule(s, recorded):
+    """One verdict rule per tag (its confirmation runs and margin, fixed when the baseline is recorded): a `try` or a
+    resume with other explicit --confirm or --margin would judge its experiments by another rule than the rest."""
+    a = s.settings
+    if recorded is None:
+        return
+    asked = {"--confirm": (a.confirm, recorded["confirm"]), "--margin": (a.margin, recorded["margin"])}
+    other = [f"{flag} {given:g} (the tag's: {'none, 2 x the noise sd' if mine is None else f'{mine:g}'})"
+             for flag, (given, mine) in asked.items() if given is not None and given != mine]
+    if other:
+        raise SetupError(f"tag {a.tag!r} judges every experiment by one rule, fixed when its baseline was recorded: "
+                         f"{'; '.join(other)}. Leave these flags out to resume it with its own rule, or start a new "
+                         "--tag for another rule")
 
 
 def no_stray_rows(s, all_events):

@@ -6,7 +6,10 @@ never touches files, git or the ledger.
 
 import ast
 import difflib
+import hashlib
+import io
 import re
+import tokenize
 from pathlib import Path
 
 from harness.ledger import SMOKE_LABEL
@@ -116,6 +119,19 @@ def answer_for(description, old, new):
         current[lo:hi] = b[j1:j2]
         shift += (j2 - j1) - (i2 - i1)
     return "\n".join([f"DESCRIPTION: {description}", *blocks])
+
+
+def fingerprint(source):
+    """What makes two train.py the same idea: their Python tokens, comments, blank lines and spacing left out (a
+    sha256 hex digest). A source Python cannot tokenize falls back to its whitespace-separated words."""
+    try:
+        tokens = [(t.type, "" if t.type in (tokenize.INDENT, tokenize.DEDENT) else t.string)
+                  for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)]
+        text = "\x00".join(f"{kind}:{string}" for kind, string in tokens)
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        text = " ".join(source.split())
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def clean_description(text):

@@ -259,7 +259,8 @@ def record_baseline(s, outcomes, t0, spend0):
     runs = tuple(outcome.metric for outcome in outcomes)
     noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
     judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
-    record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd))
+    record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd,
+                     fields=dict(confirm=s.rule.confirm, margin=s.rule.margin_flag)))     # the tag's rule from now on
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
     s.rule = dataclasses.replace(s.rule, noise_sd=noise_sd, noise_runs=len(runs))
     if noise_sd is not None:

@@ -12,7 +12,7 @@ from harness import console, experiment
 from harness.errors import SetupError
 from harness.edits import clean_description
 from harness.runner import Kind
-from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes
+from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
 from harness.settings import MAX_FIXES
 
 
@@ -44,9 +44,10 @@ def try_one(s):
         description, message = experiment.fix_texts(idea, fixes, message)
     elif source == best_source(s):
         raise SetupError(f"train.py is the best commit's ({s.best_commit[:7]}) unchanged: edit it with one idea first")
-    if (earlier := duplicate_of(s, source)) is not None:
-        raise SetupError(f"this train.py is byte-identical to experiment {describe(earlier, s.metric)}, already "
-                         f"measured: try another idea (`git show {earlier['commit']}:{s.train_rel}` shows it)")
+    if (earlier := measured_as(s, source)) is not None:
+        raise SetupError(f"this train.py is the code of experiment {describe(earlier, s.metric)} (comments and "
+                         f"spacing aside), already measured: try another idea (`git show {earlier['commit']}:"
+                         f"{s.train_rel}` shows it)")
     n, t0 = s.next_n, time.monotonic()
     if crashed and s.repo.commit(crashed).parents[0].hexsha != s.best_commit:
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead

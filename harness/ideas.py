@@ -11,12 +11,12 @@ import re
 import time
 
 from harness import console, experiment, ledger
-from harness.edits import EditError, answer_for, apply_answer
+from harness.edits import EditError, answer_for, apply_answer, fingerprint
 from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
     program_brief
 from harness.proposers import Spend
-from harness.session import best_source, describe, duplicate_of, touched_by
+from harness.session import best_source, describe, measured_as, touched_by
 from harness.settings import MAX_REPAIRS
 from harness.target import FROZEN, read_text
 
@@ -142,10 +142,10 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
 def check_new(s, source, others=()):
     """Raise EditError (the message for the LLM) when this train.py was already measured, or is one of `others` (the
     ideas running, about to run, or of the same answer)."""
-    if (earlier := duplicate_of(s, source)) is not None:
-        raise EditError(f"the resulting train.py is byte-identical to experiment {describe(earlier, s.metric)}, "
-                        "already measured: propose a different idea")
-    if any(i.source == source for i in others):
+    if (earlier := measured_as(s, source)) is not None:
+        raise EditError(f"the resulting train.py is the code of experiment {describe(earlier, s.metric)} (comments "
+                        "and spacing aside), already measured: propose a different idea")
+    if any(fingerprint(i.source) == fingerprint(source) for i in others):
         raise EditError("the resulting train.py is the same as a candidate still running or about to run: propose a "
                         "different idea")
 
@@ -183,7 +183,7 @@ def unfinished(s):
     later, sources = [], set()
     for _, e in sorted(commits.items()):        # one train.py once: a redo committed again under a later number
         idea = idea_of(s, e["full_commit"])     # (a second stop) is the same idea, and so is a measured one
-        if idea is not None and idea.source not in sources and duplicate_of(s, idea.source) is None:
+        if idea is not None and idea.source not in sources and measured_as(s, idea.source) is None:
             later.append(idea)
             sources.add(idea.source)
     begun = {e.get("rebased_from") for e in s.history} | {    # re-runs recorded, or dropped (they no longer apply)

@@ -386,6 +386,8 @@ class TagState:
     input_tokens: int
     output_tokens: int
     stale_runs: list        # the "run" events of training runs started but not ended by the last invocation
+    rule: dict | None       # {confirm, margin} the tag's verdicts use: its baseline's (older tags: their first
+                            # start event's), None before the baseline is recorded (or not recorded at all)
 
 
 def tag_state(all_events, tag):
@@ -402,11 +404,13 @@ def tag_state(all_events, tag):
                 ends[run_key(e)] -= 1
             elif e.get("pgid") is not None:
                 stale.append(e)
+    ruled = [e for e in (history[:1] + [e for e in mine if e.get("event") == "start"]) if "confirm" in e]
+    rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin")} if history and ruled else None
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
-                    stale_runs=stale)
+                    stale_runs=stale, rule=rule)
 
 
 def run_key(e):

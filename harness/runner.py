@@ -69,7 +69,9 @@ class Kind(enum.Enum):
     OK = "ok"                   # a metric (or none because a verdict says so: see harness.verdict)
     CRASH = "crash"             # train.py or its evaluation failed: a bug, which an LLM may be asked to fix
     TIMEOUT = "timeout"         # killed at the hard timeout: a verdict on the idea, not a bug
-    REJECTED = "rejected"       # ran, but its result is not believed (tampering, budget, wall time, mismatch)
+    REJECTED = "rejected"       # ran, but its result is not believed (tampering, budget, mismatch)
+    OVERTIME = "overtime"       # ran longer than the budget plus the start-up and evaluation allowance: rejected too,
+    #                             but a busier machine can do that to an honest run, so it may be tried again
     LOST = "lost"               # the Ray worker was lost: the cluster, not train.py
     NODE = "node"               # the Ray node could not run it (no data there, no sandbox there)
 
@@ -77,6 +79,12 @@ class Kind(enum.Enum):
     def fixable(self):
         """Whether the run failed in a way a fix of train.py can mend (only a crash)."""
         return self is Kind.CRASH
+
+    @property
+    def measured(self):
+        """Whether the run says something about its train.py: not when the environment may be to blame (the wall
+        time under load, the cluster), so the same train.py may be tried again."""
+        return self not in (Kind.OVERTIME, Kind.LOST, Kind.NODE)
 
 
 @dataclasses.dataclass
@@ -132,7 +140,7 @@ def run(spec):
             f"rejected: the summary says time_budget_s {summary.get('time_budget_s', '(missing)')}, "
             f"the harness's budget is {spec.budget:g}"))
     elif spec.max_wall is not None and seconds > spec.max_wall:
-        outcome.fail(Kind.REJECTED, (
+        outcome.fail(Kind.OVERTIME, (
             f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and "
             f"evaluation allowance ({spec.max_wall:.0f}s)"))
     elif spec.evaluation is None:

@@ -26,12 +26,13 @@ import git
 
 from harness import checks, console, gitops, ledger, prompts, runner, sandbox
 from harness.errors import SetupError
+from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
 from harness.holdout import pinned_env
 from harness.proposers import Spend
 from harness.settings import Settings
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
-from harness.verdict import Rule
+from harness.verdict import DEFAULT_CONFIRM, Rule
 
 RUN_LOG = "run.log"
 CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=")     # an UPPER_CASE constant's assignment line in train.py
@@ -75,6 +76,7 @@ class Session:
     recorded: bool = False              # `try`: this invocation's experiment is recorded
     pool: object = None                 # harness.pool.Pool: the devices of the loop (None for `try`)
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
+    prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
     touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)
     # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
     # records. The lock serialises git, the ledger and the guard's snapshots; `live` are the snapshots of the runs
@@ -180,6 +182,22 @@ def duplicate_of(s, source):
 
 
 @locked
+def measured_as(s, source):
+    """The "experiment" event of this tag whose train.py is the same idea as `source` (edits.fingerprint: comments
+    and spacing aside), or None. Runs the environment may be to blame for (Kind.measured: over the wall time, a lost
+    Ray worker) do not count: their train.py may be tried again."""
+    mine = fingerprint(source)
+    for e in s.history:
+        if not runner.Kind(e.get("kind", "ok")).measured:
+            continue
+        if e["n"] not in s.prints:
+            s.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
+        if s.prints[e["n"]] == mine:
+            return e
+    return None
+
+
+@locked
 def touched_by(s):
     """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants on the lines it changed (e.g.
     "DEPTH, MATRIX_LR"), or "code" when it changed none; cached, for the prompt's grouped older history."""
@@ -226,6 +244,7 @@ def open_session(settings):
     checks.readable(s)
     recover_runs(s, state.stale_runs, torn)
     checks.one_budget(s)
+    checks.one_rule(s, state.rule)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
     checks.no_stray_rows(s, all_events)
     check_checkout(s)
@@ -261,13 +280,21 @@ def new_session(settings, target, constants, state):
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
                 smoke=budget != float(constants["TIME_BUDGET"]),
                 timeout=settings.timeout or default_timeout(budget),
-                rule=Rule(constants["METRIC_GOAL"], settings.confirm, settings.margin, noise_sd, runs),
+                rule=Rule(constants["METRIC_GOAL"], *tag_rule(settings, state), noise_sd, runs),
                 best_commit="", best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
                 home=gitops.harness_dir(repo, settings.tag),
                 spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
     return s
+
+
+def tag_rule(settings, state):
+    """(confirm, margin flag) of the verdict rule: the tag's, once its baseline is recorded (one rule per tag, like
+    the budget: checks.one_rule refuses other explicit flags), else this invocation's flags or the defaults."""
+    if state.rule is not None:
+        return state.rule["confirm"], state.rule["margin"]
+    return (DEFAULT_CONFIRM if settings.confirm is None else settings.confirm), settings.margin
 
 
 def recover_runs(s, stale_runs, torn):
@@ -299,7 +326,7 @@ def place_branch(s):
     """Create the branch from HEAD, or find the best commit of a resumed one (moving the branch to it when a kill
     came between a keep's event and its move; adopting commits a human added on top)."""
     checks.branch_exists_for_history(s)
-    rule = dict(confirm=s.settings.confirm, margin=s.settings.margin)
+    rule = dict(confirm=s.rule.confirm, margin=s.rule.margin_flag)
     if s.branch not in s.repo.heads:
         s.repo.create_head(s.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha

@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.edits import clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S
+from harness.verdict import DEFAULT_CONFIRM
 
 MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
 MAX_FIXES = 2                   # a crashed candidate goes back with the log tail for this many amended fixes
@@ -33,8 +34,9 @@ class Settings:
     timeout: float | None               # hard limit per run in seconds (None: target.default_timeout of the budget)
     sandbox: str                        # auto | bwrap | off
     baseline_runs: int                  # runs of the baseline (seeds): their sd is the noise floor
-    confirm: int                        # further runs a likely win gets before it is kept (0: strict ratchet)
-    margin: float | None                # --margin in metric units (None: verdict.MARGIN_SDS x noise sd)
+    confirm: int | None                 # further runs a likely win gets before it is kept (0: strict ratchet; None:
+                                        # not given: the tag's, or verdict.DEFAULT_CONFIRM for a new tag)
+    margin: float | None                # --margin in metric units (None: not given: the tag's, or MARGIN_SDS x noise sd)
     source: str | None                  # local files to prepare the data from when none is prepared
     proposer: str = "external"          # anthropic | openai | random | grid; "external" for `try`
     model: str | None = None            # the LLM model (its default filled in)
@@ -169,12 +171,13 @@ def add_common_flags(p):
     p.add_argument("--baseline-runs", type=number(1, int), default=3, metavar="K", help="run the baseline K times with "
                    "different seeds (AUTORESEARCH_SEED): their mean is the first best, their standard deviation the "
                    "noise floor (default 3)")
-    p.add_argument("--confirm", type=number(0, int), default=1, metavar="C", help="a candidate that beats the best by "
+    p.add_argument("--confirm", type=number(0, int), metavar="C", help="a candidate that beats the best by "
                    "the margin is run C more times with other seeds and kept only if the mean of its runs still does "
-                   "(default 1; 0: the first run decides, strictly, as in karpathy's ratchet)")
+                   f"(default {DEFAULT_CONFIRM}; 0: the first run decides, strictly, as in karpathy's ratchet). Fixed "
+                   "for a tag when its baseline is recorded, like the budget")
     p.add_argument("--margin", type=number(0), help="how much a candidate must beat the best by, in metric units "
                    "(default: 2 x the noise sd measured by the baseline runs; 0, strictly better, with --confirm 0 "
-                   "or one baseline run)")
+                   "or one baseline run). Fixed for a tag when its baseline is recorded")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 

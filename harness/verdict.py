@@ -10,6 +10,7 @@ import statistics
 
 THROUGHPUT_SHARE = 0.25     # a first run whose tokens/s is this far from the best's is run again before judging
 MARGIN_SDS = 2              # the default margin: this many noise sds (the baseline's runs' spread)
+DEFAULT_CONFIRM = 1         # confirmation runs of a likely win, unless --confirm says otherwise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,14 +12,22 @@ from agent_target import SECRET, make_target  # the tiny target of test_agent.py
 from helpers import CORPORA, REPO, run_train, train_definitions
 
 
+# The tests' evaluations score 8192 val tokens (32 rows of 256), not the cpu profile's 65,536: every evaluation of a
+# real run (train.py's own and the separate evaluator's) takes ~1 s instead of ~7 s, and what the tests check (rows,
+# verdicts, the evaluator agreeing with train.py, tampering caught) does not depend on the count.
+TEST_EVAL_TOKENS = 8192
+
+
 @pytest.fixture(scope="session")
 def cpu_cache(tmp_path_factory):
-    """The real corpora (../shared/data/corpora) prepared with the CPU profile through the CLI, as a user would."""
+    """The real corpora (../shared/data/corpora) prepared with the CPU profile through the CLI, as a user would, with
+    --eval-tokens TEST_EVAL_TOKENS."""
     if not CORPORA.is_dir():
         pytest.fail(f"{CORPORA} is missing: the tests read the shared corpora beside the checkout")
     cache = tmp_path_factory.mktemp("cpu-cache")
     env = {**os.environ, "AUTORESEARCH_CACHE": str(cache)}
-    result = subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu"],
+    result = subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu",
+                             "--eval-tokens", str(TEST_EVAL_TOKENS)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return cache

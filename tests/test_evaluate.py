@@ -456,7 +456,7 @@ def test_train_run_artifact_scores_within_metric_tolerance(cpu_cache, gpt_run, t
     assert separate.returncode == 0, separate.stderr[-3000:]
     summary = parse_summary(separate.stdout)
     assert abs(float(summary["val_bpb"]) - in_process) <= P.METRIC_TOLERANCE, (summary["val_bpb"], in_process)
-    assert int(summary["eval_tokens"]) == P.PROFILES["cpu"].eval_tokens
+    assert int(summary["eval_tokens"]) == P.load_prepared(cpu_cache).eval_tokens == 8192   # conftest's --eval-tokens
     assert summary["frozen_inputs"] == P.frozen_inputs(P.load_prepared(cpu_cache))["digest"]
 
 

@@ -211,7 +211,7 @@ def test_what_an_edit_touched_comes_from_its_diff(target, monkeypatch):
     """In a real loop (the table cut to 1 row): the older experiments are grouped by the constants their diff
     changed, or "code"."""
     monkeypatch.setattr(prompts, "HISTORY_ROWS", 1)
-    answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("a comment", "SLEEP = 0.0", "SLEEP = 0.0  # idle"),
+    answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("a nap", "SLEEP = 0.0", "SLEEP = 0.001"),
                edit("deeper", "DEPTH = 8", "DEPTH = 9"), edit("shallower", "DEPTH = 8", "DEPTH = 7")]
     with ScriptedLLM(answers) as llm:
         assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",

@@ -158,6 +158,24 @@ def test_check_and_profile_mismatch(tiny_cache, tmp_path):
     assert P.load_prepared(tiny_cache.root).profile == TINY
 
 
+def test_eval_tokens_are_checked_recorded_and_never_mixed(tmp_path, capsys, monkeypatch):
+    """--eval-tokens: a multiple of MAX_SEQ_LEN (else a message, nothing prepared), recorded in prepared.json (what
+    both evaluators read), and a cache prepared with another count is refused without --force, like a profile."""
+    cache, source = tmp_path / "cache", str(CORPORA / "tinyshakespeare.txt")
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    for bad in ("0", "100", "-256"):
+        assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", bad]) == 1
+        assert f"--eval-tokens {bad}: use a positive multiple of MAX_SEQ_LEN=256 of profile 'cpu'" in \
+            capsys.readouterr().err
+    assert not (cache / "prepared.json").exists()
+    assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", "2048"]) == 0
+    assert P.load_prepared(cache).eval_tokens == 2048 and P.load_prepared(cache).profile.name == "cpu"
+    assert P.main(["--source", source, "--profile", "cpu"]) == 1
+    assert "prepared with profile 'cpu' (2048 eval tokens). To replace it re-run with --force" in capsys.readouterr().err
+    assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", "2048"]) == 0
+    assert "Already prepared" in capsys.readouterr().out
+
+
 def test_val_split_smaller_than_eval_tokens_is_refused(tmp_path):
     big = P.Profile("big-eval", max_seq_len=64, eval_tokens=64 * 10_000, vocab_size=320, doc_chars=160)
     with pytest.raises(P.PrepareError, match="validation split is smaller than EVAL_TOKENS"):

@@ -106,10 +106,11 @@ def test_refusals_change_nothing(target, capsys):
 
     set_lr(target, 0.03)
     assert try_(target, "-m", "lower LR") == 0
-    set_lr(target, 0.03)                          # the same file again: refused with the earlier number
+    set_lr(target, 0.03)                          # the same code again (a comment added): refused, with its number
+    (target / "train.py").write_text((target / "train.py").read_text().replace("LR = 0.03", "LR = 0.03    # again\n\n"))
     assert try_(target, "-m", "lower LR again") == 2
     err = capsys.readouterr().err
-    assert "byte-identical to experiment #1 (discard, val_bpb 1.208000: lower LR)" in err
+    assert "is the code of experiment #1 (discard, val_bpb 1.208000: lower LR) (comments and spacing aside)" in err
     (target / "prepare.py").write_text((target / "prepare.py").read_text() + "\n# tampered\n")
     set_lr(target, 0.06)
     assert try_(target, "-m", "with a frozen file edited") == 2
@@ -176,8 +177,8 @@ def test_the_loop_sends_a_duplicate_back_to_the_llm_with_the_earlier_number(targ
                            "--base-url", llm.anthropic_url, "--max-experiments", "3"]) == 0
     repair = events(target, "repair")
     assert len(repair) == 1 and repair[0]["n"] == 3 and repair[0]["error"].startswith(
-        "the resulting train.py is byte-identical to experiment #2 (discard, val_bpb 1.208000: lower LR)")
-    assert "byte-identical to experiment #2" in llm.requests[-1][1]["messages"][-1]["content"]
+        "the resulting train.py is the code of experiment #2 (discard, val_bpb 1.208000: lower LR)")
+    assert "the code of experiment #2" in llm.requests[-1][1]["messages"][-1]["content"]
     assert [e["description"] for e in events(target, "experiment")] == ["baseline", "raise LR", "lower LR", "shallower"]
 
 
@@ -321,7 +322,7 @@ def test_identical_crash_candidates_never_share_a_commit(target, capsys):
     assert try_(target, "-m", "a typo") == 0
     (target / "train.py").write_text(broken)
     assert try_(target, "-m", "the same typo") == 2
-    assert "byte-identical to experiment #1 (crash: a typo" in capsys.readouterr().err
+    assert "the code of experiment #1 (crash: a typo" in capsys.readouterr().err
     (target / "train.py").write_text(broken.replace("LR = 0.04", "LR = 0.05"))
     assert try_(target, "-m", "another typo") == 0
     commits = [row.split("\t")[0] for row in rows(target)]
@@ -345,10 +346,54 @@ def test_an_unedited_old_best_is_brought_up_to_date_after_the_loop_kept(target, 
 
 
 def test_a_near_miss_is_named_and_the_background_log_is_ignored(target, capsys):
-    assert try_(target, "--baseline") == 0
+    assert try_(target, "--baseline", "--margin", "0.05") == 0
     path = target / "train.py"
     path.write_text(path.read_text().replace("DEPTH = 8", "DEPTH = 9"))      # +0.001: within a 0.05 margin
-    assert try_(target, "-m", "deeper", "--margin", "0.05") == 0
+    assert try_(target, "-m", "deeper") == 0                                  # the tag's margin: 0.05
     assert value(capsys.readouterr().out, "status").startswith("discard (a near-miss: within the noise margin")
     (target / "try.log").write_text("program.md's background try writes here\n")
     assert "try.log" not in git.Repo(target).git.status("--porcelain")
+
+
+def test_one_rule_per_tag_fixed_when_the_baseline_is_recorded(target, capsys):
+    """--confirm and --margin are the tag's once its baseline is recorded (like the budget): other explicit values are
+    refused with the tag's named, nothing run; leaving them out resumes with the tag's rule, in `try` and the loop."""
+    assert agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", "--baseline-runs", "1",
+                       "--confirm", "0", "--margin", "0.05", "--baseline"]) == 0
+    capsys.readouterr()
+    set_lr(target, 0.041)                                                    # -0.01: not beyond the 0.05 margin
+    for flags, words in ((["--margin", "0.001"], "--margin 0.001 (the tag's: 0.05)"),
+                         (["--confirm", "1"], "--confirm 1 (the tag's: 0)")):
+        assert agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", "-m", "LR 0.041",
+                           *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"tag 't' judges every experiment by one rule, fixed when its baseline was recorded: {words}" in err
+        assert len(rows(target)) == 1
+    assert agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", "-m", "LR 0.041"]) == 0
+    out = capsys.readouterr().out
+    assert value(out, "status").startswith("discard (a near-miss") and value(out, "margin").startswith("0.050000 (--margin)")
+    assert "There is no confirmation run: the first run decides" in value(out, "rule")
+    with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05")]) as llm:
+        argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
+                "--base-url", llm.anthropic_url, "--max-experiments", "2"]
+        assert agent.main(argv + ["--confirm", "2"]) == 2 and len(llm.requests) == 0
+        assert agent.main(argv) == 0
+    assert rows(target)[-1].endswith("keep\traise LR")                      # one run: the tag's --confirm 0
+    assert [e["n"] for e in events(target, "run")][-1:] == [2] and len([e for e in events(target, "run") if e["n"] == 2]) == 1
+    assert [(e["confirm"], e["margin"]) for e in events(target, "config")] == [(0, 0.05)]
+
+
+@pytest.mark.slow
+def test_a_run_rejected_for_its_wall_time_may_be_tried_again(target, capsys):
+    """Over the budget plus the allowance (kind overtime): a busier machine can do that to an honest run, so the same
+    train.py is not "already measured"; a comment-only change of a measured one still is."""
+    assert try_(target, "--baseline") == 0
+    path = target / "train.py"
+    path.write_text(path.read_text().replace("SLEEP = 0.0", "SLEEP = 9.0"))
+    slow = path.read_text()
+    assert try_(target, "-m", "sleep 9 s") == 0
+    assert value(capsys.readouterr().out, "reason").startswith("rejected: train.py ran")
+    assert events(target, "experiment")[1]["kind"] == "overtime"
+    path.write_text(slow)
+    assert try_(target, "-m", "sleep 9 s, again") == 0                     # ran again, not refused
+    assert [e["kind"] for e in events(target, "experiment")] == ["ok", "overtime", "overtime"]
