@@ -115,8 +115,7 @@ def start(s, loop, idea):
     if idea.base != s.best_commit and (idea := ideas.rebase(s, idea, loop.backlog, loop.running())) is None:
         return
     n, loop.assigned = loop.assigned, loop.assigned + 1
-    sha = experiment.commit(s, n, idea.source, idea.description)
-    job = ideas.Job(n, idea, sha, s.best_commit, s.best_metric, s.best_event.get("tokens_per_sec"), cost=idea.cost)
+    job = ideas.job_for(s, n, idea)
     device = loop.pool.submit(functools.partial(measure, s), job)
     s.log("started", n=n, device=device.name, base=s.best_commit, wave=idea.wave)
 
@@ -150,7 +149,8 @@ def settle(s, loop, job, outcome, judged, ended):
         experiment.keep(s, event)
     loop.failures.append(event["status"] == "crash")
     s.log("throughput", n=job.n, **loop.pool.throughput(len(s.history)).fields())
-    if result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm and allowed(s, loop) > 0:
+    if result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm and allowed(s, loop) > 0 \
+            and sum(loop.failures) < BREAKER[0]:            # not when the breaker is about to stop the loop
         fixed = ideas.ask_fix(s, loop.backlog, job, loop.assigned, result.why, (judged.failed or outcome).log_tail)
         if fixed is not None:
             loop.assigned += 1

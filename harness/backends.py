@@ -91,7 +91,8 @@ class Local:
                 problems = []
                 if snapshot is not None:
                     s.live.remove(snapshot)
-                    problems = guard.check(s.repo, snapshot, frozen=s.frozen_rels, keep_dir=s.home / "changed")
+                    problems = guard.check(s.repo, snapshot, frozen=s.frozen_rels, keep_dir=s.home / "changed",
+                                           others=s.live)
                 if spec.evaluation is not None and runner.artifact_problem(artifact) is None:
                     watch.keep_artifact(artifact)
                 shutil.rmtree(spec.run_dir, ignore_errors=True)

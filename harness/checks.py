@@ -32,23 +32,24 @@ def numbered(s):
 
 
 def readable(s):
-    """Every recorded experiment's commit and train.py must still be readable from git (a disk fault or a killed
-    `git gc` can damage objects): the resume compares new ideas with them and builds on the best. Fills s.blobs (the
-    duplicate checks' caches) on the way."""
-    broken = []
+    """Every recorded experiment's commit, tree and train.py must still be readable from git, each object's content
+    matching its hash (a disk fault or a killed `git gc` can damage objects): the resume compares new ideas with them
+    and builds on the best. Stops at the first damaged one (git's reader may be off track after it). Fills s.blobs
+    and s.prints (the duplicate checks' caches) on the way."""
     for e in s.history:
         try:
-            blob = s.repo.commit(e["full_commit"]).tree / s.train_rel
-            s.prints[e["n"]] = fingerprint(blob.data_stream.read().decode("utf-8", "replace"))
+            commit = s.repo.commit(e["full_commit"])
+            gitops.verified(s.repo, commit.binsha)
+            gitops.verified(s.repo, commit.tree.binsha)
+            blob = commit.tree / s.train_rel
+            s.prints[e["n"]] = fingerprint(gitops.verified(s.repo, blob.binsha).decode("utf-8", "replace"))
             s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
-            broken.append(f"#{e['n']} ({e['commit']}: {' '.join(str(err).split())[:160]})")
-    if broken:
-        raise SetupError(f"git cannot read the commit or train.py of experiment {', '.join(broken[:3])}"
-                         f"{f' and {len(broken) - 3} more' if len(broken) > 3 else ''} of tag {s.settings.tag!r}: objects "
-                         f"in {gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
-                         "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
-                         f"{ledger.RESULTS} and {ledger.EVENTS} are as they were")
+            raise SetupError(f"git cannot read the commit or train.py of experiment #{e['n']} ({e['commit']}: "
+                             f"{' '.join(str(err).split())[:160]}) of tag {s.settings.tag!r}: objects in "
+                             f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
+                             "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
+                             f"{ledger.RESULTS} and {ledger.EVENTS} are as they were") from None
 
 
 def one_budget(s):

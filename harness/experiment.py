@@ -26,12 +26,14 @@ from harness.target import run_prepare
 
 
 @locked
-def commit(s, n, source, message, fix=0, amend=None):
+def commit(s, n, source, message, fix=0, amend=None, fix_of=None):
     """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
-    (amend: the crashed candidate's sha, amended with fix number `fix` > 0). Only train.py is committed; hooks run
+    (amend: the crashed candidate's sha, amended with fix number `fix` > 0 of experiment fix_of's idea, which the
+    events record so that an interrupted fix is redone as that fix). Only train.py is committed; hooks run
     and a blocking one raises Stop. The message body names the tag and experiment, so two identical candidates never
     share a commit. Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
-    s.log("candidate", n=n, fix=fix, parent=s.best_commit, blob=git_blob_sha(source.encode()), message=message)
+    s.log("candidate", n=n, fix=fix, fix_of=fix_of, parent=s.best_commit, blob=git_blob_sha(source.encode()),
+          message=message)
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
     body = f"{message}\n\nautoresearch: tag {s.settings.tag}, experiment {n}"
@@ -46,7 +48,7 @@ def commit(s, n, source, message, fix=0, amend=None):
                    f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
                    "train.py only")
     s.expect_ref(gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha))
-    s.log("commit", n=n, fix=fix, full_commit=sha)
+    s.log("commit", n=n, fix=fix, fix_of=fix_of, full_commit=sha)
     return sha
 
 

@@ -51,7 +51,7 @@ def try_one(s):
     n, t0 = s.next_n, time.monotonic()
     if crashed and s.repo.commit(crashed).parents[0].hexsha != s.best_commit:
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
-    sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed)
+    sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed, fix_of=fix_of)
     outcome = experiment.train(s, n, fixes, sha)
     judged = experiment.judge(s, n, fixes, outcome, s.best_metric, s.best_event.get("tokens_per_sec"))
     result = experiment.Result(n, outcome, judged, description, time.monotonic() - t0, fixes=fixes,

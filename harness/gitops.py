@@ -238,6 +238,17 @@ def advance_branch(repo, branch, new, old):
     repo.git.update_ref(f"refs/heads/{branch}", new, old)
 
 
+def verified(repo, binsha):
+    """The content of object binsha (20 bytes), checked against its hash as `git fsck` does (git's reader returns a
+    damaged loose object's bytes unchecked). Raises ValueError when it does not match."""
+    stream = repo.odb.stream(binsha)
+    data = stream.read()
+    header = stream.type + b" " + str(len(data)).encode() + b"\0"
+    if len(data) != stream.size or hashlib.sha1(header + data).digest() != binsha:
+        raise ValueError(f"object {binsha.hex()} is damaged: its content does not match its hash")
+    return data
+
+
 def blob_at(repo, commit, rel):
     """The bytes of file rel at commit (`git show commit:rel`)."""
     return (repo.commit(commit).tree / rel).data_stream.read()

@@ -33,6 +33,12 @@ class Snapshot:
         """The harness itself appended text to its own file `path` since the snapshot (an event): expect it."""
         self.own[Path(path)] = (self.own.get(Path(path)) or b"") + text.encode("utf-8")
 
+    def restored(self, path, data):
+        """Another run's check put the harness's file `path` back to data (what the harness expects it to hold):
+        expect that, so that a change seen by both is blamed once and never undone by the later check."""
+        if Path(path) in self.own:
+            self.own[Path(path)] = data
+
 
 def take(repo, own_files, own_dirs=()):
     """The Snapshot of the repository, the harness's files `own_files` and every file of `own_dirs` now."""
@@ -44,12 +50,13 @@ def take(repo, own_files, own_dirs=()):
                     own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
-def check(repo, snap, frozen=(), keep_dir=None):
+def check(repo, snap, frozen=(), keep_dir=None, others=()):
     """Compare with the snapshot, restore what the harness owns, and return a list of what the run changed
     (empty when nothing): e.g. ["moved refs/heads/autoresearch/t (restored)", "wrote results.tsv (restored)"].
     frozen: the target's frozen files (repository paths): never yours to edit, so restored from HEAD when they were
     clean before the run. keep_dir: where a harness file changed during the run is saved before it is restored
-    (without the sandbox a change of yours cannot be told from the run's: it is refused, never lost)."""
+    (without the sandbox a change of yours cannot be told from the run's: it is refused, never lost). others: the
+    snapshots of the runs still in flight, told of each restore."""
     found = []
     now = _refs(repo)
     for ref in sorted(set(snap.refs) | set(now)):
@@ -73,12 +80,12 @@ def check(repo, snap, frozen=(), keep_dir=None):
             found.append(f"modified {rel} in your checkout (restored from HEAD)")
         elif rel not in snap.dirty or _sha(root / rel) != snap.dirty[rel]:
             found.append(f"modified {rel} in your checkout (not undone: check it)")
-    return found + _check_own(snap, keep_dir, root)
+    return found + _check_own(snap, keep_dir, root, others)
 
 
-def _check_own(snap, keep_dir=None, root=None):
+def _check_own(snap, keep_dir=None, root=None, others=()):
     """Put the harness's own files back as they were (what was there saved in keep_dir first, named relative to root
-    when inside it); what was changed, as in check()."""
+    when inside it; the other live snapshots told); what was changed, as in check()."""
     found = []
     for path, data in snap.own.items():
         current = path.read_bytes() if path.is_file() else None
@@ -92,6 +99,8 @@ def _check_own(snap, keep_dir=None, root=None):
                 keep.write_bytes(current)
                 saved = f"; copy at {keep.relative_to(root) if root and keep.is_relative_to(root) else keep}"
             _restore(path, data)
+            for other in others:
+                other.restored(path, data)
             found.append(f"wrote {path.name} (restored{saved})")
     for folder, names in snap.dirs.items():
         for new in sorted({p.name for p in folder.glob("*")} - names):

@@ -33,6 +33,9 @@ class Idea:
     cost: Spend
     wave: int
     rebased_from: int | None = None     # a superseded winner re-run on the new best
+    fixes: int = 0                      # an interrupted fix redone: its number, the experiment it fixes, its words
+    fix_of: int | None = None
+    fix_words: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,12 @@ class Job:
     def description(self):
         """The experiment's description: the idea's, and for a fix what it fixed (experiment.fix_texts)."""
         return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)[0] if self.fixes else \
+            self.idea.description
+
+    @property
+    def message(self):
+        """Its commit message: the idea, and for a fix a "fix N: ..." paragraph (experiment.fix_texts)."""
+        return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)[1] if self.fixes else \
             self.idea.description
 
 
@@ -182,7 +191,8 @@ def unfinished(s):
     commits = {e["n"]: e for e in events if e.get("event") == "commit" and e.get("n", -1) >= recorded}
     later, sources = [], set()
     for _, e in sorted(commits.items()):        # one train.py once: a redo committed again under a later number
-        idea = idea_of(s, e["full_commit"])     # (a second stop) is the same idea, and so is a measured one
+        idea = idea_of(s, e["full_commit"], fix_of=e.get("fix_of"))   # (a second stop) is the same idea, and so is
+        #                                                                   a measured one
         if idea is not None and idea.source not in sources and measured_as(s, idea.source) is None:
             later.append(idea)
             sources.add(idea.source)
@@ -196,9 +206,10 @@ def unfinished(s):
     return first + later
 
 
-def idea_of(s, commit, rebased_from=None):
-    """The Idea of a candidate commit (its subject, its train.py, an answer re-creating it on its parent), or None
-    (logged) when git cannot read it."""
+def idea_of(s, commit, rebased_from=None, fix_of=None):
+    """The Idea of a candidate commit (its subject, its train.py, an answer re-creating it on its parent; a fix of
+    experiment fix_of keeps its number and words from the message's "fix N: ..." line), or None (logged) when git
+    cannot read it."""
     try:
         c = s.repo.commit(commit)
         base = c.parents[0].hexsha
@@ -206,7 +217,9 @@ def idea_of(s, commit, rebased_from=None):
     except (GitError, ValueError, IndexError, KeyError) as e:
         s.log("dropped", commit=commit, error=f"cannot read the candidate: {e}"[:500])
         return None
-    return Idea(c.summary, new, answer_for(c.summary, old, new), base, 0, Spend(), 0, rebased_from)
+    fix = re.search(r"(?m)^fix (\d+): (.*)$", c.message) if fix_of is not None else None
+    return Idea(c.summary, new, answer_for(c.summary, old, new), base, 0, Spend(), 0, rebased_from,
+                fixes=int(fix.group(1)) if fix else 0, fix_of=fix_of if fix else None, fix_words=fix.group(2) if fix else "")
 
 
 def on_llm_retry(s, retry, problem, delay):
@@ -224,6 +237,15 @@ def split_ideas(answer):
     return [answer[a:b] for a, b in zip(starts, starts[1:] + [len(answer)])]
 
 
+def job_for(s, n, idea):
+    """Commit an idea as experiment n's candidate on top of the best and make its Job (a redone fix stays that fix,
+    with its number and words)."""
+    job = Job(n, idea, "", s.best_commit, s.best_metric, s.best_event.get("tokens_per_sec"), idea.fixes, idea.cost,
+              fix_of=idea.fix_of, fix_words=idea.fix_words)
+    return dataclasses.replace(job, commit=experiment.commit(s, n, idea.source, job.message, job.fixes,
+                                                             fix_of=job.fix_of))
+
+
 def ask_fix(s, backlog, job, n, reason, log_tail):
     """The crashed candidate (recorded as a crash) goes back to the LLM with its reason and log tail; a usable fix
     amends its commit (same parent) and becomes experiment n, the idea's next fix, with its own row as every measured
@@ -233,12 +255,13 @@ def ask_fix(s, backlog, job, n, reason, log_tail):
     prompt = FIX_PROMPT.format(description=job.idea.description, reason=reason, tail=log_tail, train=crashed_src)
     s.status(job.n, f"asking for fix {job.fixes + 1}")
     t0 = time.monotonic()
-    fixed = ask_for_edit(s, backlog, job.n, [{"role": "user", "content": prompt}], crashed_src)
+    fixed = ask_for_edit(s, backlog, n, [{"role": "user", "content": prompt}], crashed_src)
     s.pool.waited(time.monotonic() - t0)
     if not fixed:
         return None
-    fix = job.fixes + 1
+    fix, fix_of = job.fixes + 1, job.n if job.fix_of is None else job.fix_of
     sha = experiment.commit(s, n, fixed[0].source, experiment.fix_texts(job.idea.description, fix,
-                                                                         fixed[0].description)[1], fix=fix, amend=job.commit)
+                                                                         fixed[0].description)[1], fix=fix,
+                            amend=job.commit, fix_of=fix_of)
     return dataclasses.replace(job, n=n, commit=sha, fixes=fix, cost=fixed[0].cost, t0=time.monotonic(),
-                               fix_of=job.n if job.fix_of is None else job.fix_of, fix_words=fixed[0].description)
+                               fix_of=fix_of, fix_words=fixed[0].description)

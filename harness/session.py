@@ -235,16 +235,16 @@ def open_session(settings):
     target = Path(settings.target).resolve()
     check_target(target)
     constants = read_frozen_constants(target / "prepare.py")
-    all_events, torn = read_ledger(target)
+    all_events = ledger.read_events(target / ledger.EVENTS)   # a line cut mid-write is skipped (cut after the checks)
     state = ledger.tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state)
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
     checks.readable(s)
-    recover_runs(s, state.stale_runs, torn)
     checks.one_budget(s)
     checks.one_rule(s, state.rule)
+    recover_runs(s, state.stale_runs, all_events)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
     checks.no_stray_rows(s, all_events)
     check_checkout(s)
@@ -255,16 +255,6 @@ def open_session(settings):
     frozen_side(s, all_events, constants)
     restore_outputs(s, all_events)
     return s, constants
-
-
-def read_ledger(target):
-    """Every event of events.jsonl, after a line cut mid-write is removed from it and from results.tsv. Returns
-    (events, [(file name, the removed fragment or None)])."""
-    events_path = target / ledger.EVENTS
-    torn = [("events.jsonl", ledger.repair_last_line(events_path, ledger.is_event))]
-    all_events = ledger.read_events(events_path)
-    torn.append(("results.tsv", ledger.repair_results(target / ledger.RESULTS, all_events)))
-    return all_events, torn
 
 
 def new_session(settings, target, constants, state):
@@ -297,10 +287,14 @@ def tag_rule(settings, state):
     return (DEFAULT_CONFIRM if settings.confirm is None else settings.confirm), settings.margin
 
 
-def recover_runs(s, stale_runs, torn):
-    """What a killed agent left: its training runs (killed now) and a line cut mid-write (kept as an event)."""
+def recover_runs(s, stale_runs, all_events):
+    """What a killed agent left: its training runs (killed now) and a line cut mid-write at the end of events.jsonl
+    or results.tsv (cut off, its text kept as an event). Runs after the refusals that need no repair, so that a
+    refused start changes nothing."""
     for stale in stale_runs:
         runner.kill_stale_run(stale["pgid"], stale.get("cwd") or s.target)
+    torn = [("events.jsonl", ledger.repair_last_line(s.target / ledger.EVENTS, ledger.is_event)),
+            ("results.tsv", ledger.repair_results(s.target / ledger.RESULTS, all_events))]
     for name, fragment in torn:
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
             s.log("torn_line", file=name, fragment=fragment)

@@ -387,6 +387,26 @@ def test_sigkill_mid_run_then_resume_redoes_the_candidate(target, sandbox):
     assert sha(target, f"refs/autoresearch/t/0001-{killed[:7]}") == killed
 
 
+def test_a_fix_killed_mid_run_is_redone_as_that_fix(target):
+    """kill -9 while the fix of a crash (#2) trains: the resume runs it again as #2, still fix 1 of #1's idea (its
+    row, event and commit say so), with no LLM call; the crash keeps its row."""
+    crashing = edit("raise LR", "LR = 0.04", "LR = 0.05\nimport no_such_module_xyz")
+    slow_fix = edit("drop the import, nap", "import no_such_module_xyz\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "DEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    with ScriptedLLM([crashing, slow_fix]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "2")
+        wait_for_run(target, 2, proc)
+        proc.kill()
+        proc.wait()
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    assert llm.requests == [] and events(target, "redo")[0]["idea"] == "raise LR"
+    crash, fixed = events(target, "experiment")[1:]
+    assert crash["status"] == "crash" and (fixed["n"], fixed["fix_of"], fixed["fixes"]) == (2, 1, 1)
+    assert rows(target)[-1] == f"{fixed['commit']}\t1.008000\t0.0\tkeep\traise LR (fix 1: drop the import, nap)"
+    assert git.Repo(target).commit(fixed["full_commit"]).message.startswith("raise LR\n\nfix 1: drop the import, nap")
+
+
 def test_sigterm_mid_run_kills_training_and_leaves_the_best_commit(target):
     with ScriptedLLM([SLOW]) as llm:
         proc = start_agent(target, llm)

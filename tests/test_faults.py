@@ -650,17 +650,29 @@ def test_a_candidate_redone_under_two_numbers_is_measured_once(target):
     assert len(set(blobs)) == 3
 
 
-def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target, capsys):
-    """A recorded candidate's commit object damaged on disk (a disk fault, a killed `git gc`): the resume names the
+def damage(obj, how):
+    """Damage a loose git object file as a disk fault would: garbage, cut in half, or valid zlib of other bytes."""
+    import zlib
+    good = obj.read_bytes()
+    obj.chmod(0o644)
+    data = zlib.decompress(good)
+    obj.write_bytes({"garbage": b"garbage", "cut": good[:len(good) // 2],
+                     "rewritten": zlib.compress(data.replace(b"LR = 0.05", b"LR = 0.07"))}[how])
+    return good
+
+
+@pytest.mark.parametrize("how, what", [("garbage", "commit"), ("cut", "train.py"), ("rewritten", "train.py")])
+def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target, capsys, how, what):
+    """A recorded candidate's object damaged on disk (a disk fault, a killed `git gc`): the resume names that
     experiment, the objects folder and `git fsck`, exit 2, no traceback, nothing written; once the object is back
     the tag resumes."""
     with ScriptedLLM([RAISE_LR]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     kept = events(target, "experiment")[1]
-    obj = target / ".git" / "objects" / kept["full_commit"][:2] / kept["full_commit"][2:]
-    good = obj.read_bytes()
-    obj.chmod(0o644)
-    obj.write_bytes(b"garbage")
+    repo = git.Repo(target)
+    sha = kept["full_commit"] if what == "commit" else repo.commit(kept["full_commit"]).tree["train.py"].hexsha
+    obj = target / ".git" / "objects" / sha[:2] / sha[2:]
+    good = damage(obj, how)
     before = [(target / name).read_bytes() for name in ("results.tsv", "events.jsonl")]
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 2
@@ -672,3 +684,21 @@ def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target,
     with ScriptedLLM([LOWER_LR]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
     assert rows(target)[-1].endswith("discard\tlower LR")
+
+
+def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, monkeypatch):
+    """events.jsonl ends with a line cut by a kill, and the start is refused (another budget): nothing is cut, the
+    file is byte for byte as it was; the accepted start then cuts it and keeps its text as a torn_line event."""
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    with open(target / "events.jsonl", "a") as f:
+        f.write('{"event": "experiment", "n": 2, "half')
+    before = (target / "events.jsonl").read_bytes()
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "7")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
+    monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET")
+    assert "budget" in capsys.readouterr().err and (target / "events.jsonl").read_bytes() == before
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    [torn] = events(target, "torn_line")
+    assert torn["fragment"] == '{"event": "experiment", "n": 2, "half' and len(rows(target)) == 2
