@@ -69,6 +69,10 @@ METRIC_GOAL = "min"      # lower bits per byte is better
 # the evaluator's, so the tolerance only decides when train.py's own number is called a lie (`metric mismatch`):
 # ~12x the largest gap measured, for the larger models and longer rows of the default profile (not measured).
 METRIC_TOLERANCE = 5e-4
+# The least noise sd the verdict assumes (harness.verdict.sd_floor): baseline runs that agree to the last digit (a
+# train.py that ignores AUTORESEARCH_SEED) would otherwise make the noise margin 0 and keep "gains" of float rounding.
+# 1e-4 bpb is ~2x the largest gap measured between two evaluations of one model in different arithmetic (above).
+METRIC_SD_FLOOR = 1e-4
 TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
 PREFLIGHT = False        # nothing to check before the loop beyond --check
 

@@ -27,11 +27,11 @@ from matplotlib.ticker import MaxNLocator
 
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
-                            load_results, read_events, rows_by_tag, select_tag)
+                            load_results, read_events, rows_by_tag, select_tag, tag_state)
 from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
-from harness.verdict import Rule
+from harness.verdict import rule_of as verdict_rule
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -371,14 +371,14 @@ def noise_of(run):
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
-def rule_of(run, noise_sd, runs):
-    """The verdict rule the run's tag was judged by (harness.verdict.Rule), from its last "start" event's --confirm
-    and --margin; None without events or from before they were logged."""
-    starts = [e for e in run.events or [] if e.get("event") == "start" and "confirm" in e
-              and (run.tag is None or e.get("tag") == run.tag)]
-    if not starts:
+def rule_of(run):
+    """The verdict rule the run's tag was judged by (harness.verdict.Rule): the --confirm and --margin fixed with its
+    baseline (ledger.tag_state), its noise and floor; None without events or from before they were logged."""
+    tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
+    state = tag_state(run.events or [], tag)
+    if state.rule is None:
         return None
-    return Rule(run.goal, starts[-1]["confirm"], starts[-1]["margin"], noise_sd, runs)
+    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], state.history[0])
 
 
 def throughput_of(run):
@@ -457,7 +457,7 @@ def main(argv=None):
     noise_sd, runs = noise_of(run)
     if noise_sd:
         print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds)")
-    if (rule := rule_of(run, noise_sd, runs)) is not None:
+    if (rule := rule_of(run)) is not None:
         print(f"verdict      {rule.words(run.metric_name)} Margin {rule.margin:.6f} ({rule.source}).")
     if run.events is not None:
         print()

@@ -131,7 +131,7 @@ def judge(s, n, fix, first, base_metric, base_tps, device=None):
             s.log("rerun", n=n, reason=verdict.throughput_off(verdict.tokens_per_sec(first), base_tps))
             s.status(n, "throughput off: running it again")
         else:
-            s.status(n, f"confirming: run {run + 1} of {s.rule.confirm + 1}")
+            s.status(n, f"confirmation run {run} of {s.rule.confirm}")
         return train(s, n, fix, first.commit, run=run, again=again, device=device)
     return verdict.judge(first, run_again, s.rule, base_metric, base_tps)
 
@@ -173,7 +173,8 @@ def record(s, result):
     artifacts of everything but the baseline and the best, and print one line. Returns the event."""
     r, outcome, status = result, result.outcome, result.judged.status
     idea = redact(r.description)
-    description = f"{r.description} ({len(r.judged.runs)} runs)" if len(r.judged.runs) > 1 else r.description
+    description = r.description if len(r.judged.runs) < 2 else \
+        f"{r.description} ({len(r.judged.runs)} runs{', one a throughput re-run' if r.judged.repeated else ''})"
     if r.why:
         description = clean_description(f"{description} ({r.why})")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
@@ -260,11 +261,13 @@ def record_baseline(s, outcomes, t0, spend0):
                        f"{outcome.log_tail}")
     runs = tuple(outcome.metric for outcome in outcomes)
     noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
+    floor, floor_source = verdict.sd_floor(s.metric, runs, outcomes[-1].eval_summary, s.sd_floor_declared)
     judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
     record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd,
-                     fields=dict(confirm=s.rule.confirm, margin=s.rule.margin_flag)))     # the tag's rule from now on
+                     fields=dict(confirm=s.rule.confirm, margin=s.rule.margin_flag,     # the tag's rule from now on
+                                 sd_floor=floor, floor_source=floor_source)))
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
-    s.rule = dataclasses.replace(s.rule, noise_sd=noise_sd, noise_runs=len(runs))
+    s.rule = verdict.rule_of(s.rule.goal, s.rule.confirm, s.rule.margin_flag, s.history[-1])
     if noise_sd is not None:
         console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; a candidate must beat the "
                     f"best by {s.rule.margin:.6f} ({s.rule.source})")

@@ -141,10 +141,13 @@ def verdict(s, event, result, synced=True):
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
     runs = event.get("runs") or []
-    if len(runs) > 1:
+    if len(runs) > 1 and result is not None:
+        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({result.judged.runs_words(s.metric)})"))
+    elif len(runs) > 1:
         lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" (seeds differ; {s.metric} is their mean)"))
     lines.append(("margin", f"{rule.margin:.6f} ({rule.source}): a candidate must beat the best by more"
-                            + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_sd else "")))
+                            + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
+                               else "")))
     lines.append(("rule", rule.words(s.metric)))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{s.history[0]['metric']:.6f}"),

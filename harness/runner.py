@@ -107,6 +107,7 @@ class Outcome:
     memory_source: str = ""                 # what memory_gb measured: "gpu" (NVML per process), "rss" (the tree's)
     kind: Kind = Kind.OK
     outside: list = dataclasses.field(default_factory=list)   # what the run changed outside its run dir (guard)
+    eval_summary: dict = dataclasses.field(default_factory=dict)   # the separate evaluator's summary block
 
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
@@ -191,6 +192,7 @@ def evaluate(spec, outcome):
     with open(spec.log, "rb") as log:
         log.seek(offset)
         summary = parse_summary(log.read().decode("utf-8", errors="replace"))
+    outcome.eval_summary = summary
     metric, _, problem = read_metric(summary, spec.metric)
     if metric is None:
         outcome.fail(Kind.CRASH, f"evaluation failed: {problem}")

@@ -32,7 +32,7 @@ from harness.holdout import pinned_env
 from harness.proposers import Spend
 from harness.settings import Settings
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
-from harness.verdict import DEFAULT_CONFIRM, Rule
+from harness.verdict import DEFAULT_CONFIRM, Rule, rule_of
 
 RUN_LOG = "run.log"
 CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=")     # an UPPER_CASE constant's assignment line in train.py
@@ -65,6 +65,7 @@ class Session:
     #                                     process); env: the variables pinned at tag start (the GRPO base model)
     frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
     smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
+    sd_floor_declared: float | None = None   # prepare.py's METRIC_SD_FLOOR, if any (verdict.sd_floor)
     wrap: object = None                 # (argv, run_dir, gpu) -> train.py's sandboxed argv (None: no sandbox)
     eval_wrap: object = None            # (argv, frozen_dir, artifact, gpu) -> the evaluator's sandboxed argv
     sandbox_env: dict = dataclasses.field(default_factory=dict)
@@ -137,8 +138,8 @@ class Session:
             best = f"{self.best_metric:.6f}"
             if self.baseline_metric:
                 best += f" ({100 * (self.best_metric - self.baseline_metric) / abs(self.baseline_metric):+.2f}%)"
-            if self.rule.noise_sd:
-                best += f" noise sd {self.rule.noise_sd:.4f}"
+            if self.rule.sd:
+                best += f" noise sd {self.rule.sd:.4f}"
         key = f"{n} {re.sub(r'[0-9]+:[0-9:]+|[0-9.]+s', '', phase)}"   # a plain line per phase: its clocks do not count
         if self.pool is not None:
             phase += f" | {self.pool.throughput(len(self.history)).short()}"
@@ -262,15 +263,14 @@ def new_session(settings, target, constants, state):
     budget = effective_budget(constants["TIME_BUDGET"])
     repo = gitops.open_repo(target)
     history, kept = state.history, state.kept
-    noise_sd = history[0].get("noise_sd") if history else None
-    runs = len(history[0].get("runs") or [0]) if history else settings.baseline_runs
     s = Session(settings=settings, target=target, repo=repo, branch=f"autoresearch/{settings.tag}",
                 train_rel=gitops.repo_rel(repo, target / "train.py"),
                 frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
-                smoke=budget != float(constants["TIME_BUDGET"]),
+                smoke=budget != float(constants["TIME_BUDGET"]), sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
                 timeout=settings.timeout or default_timeout(budget),
-                rule=Rule(constants["METRIC_GOAL"], *tag_rule(settings, state), noise_sd, runs),
+                rule=rule_of(constants["METRIC_GOAL"], *tag_rule(settings, state), history[0] if history else None,
+                             settings.baseline_runs),
                 best_commit="", best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
                 home=gitops.harness_dir(repo, settings.tag),

@@ -6,6 +6,7 @@ report.py, so none of them can say it otherwise. Pure: no git, no files, no proc
 """
 
 import dataclasses
+import math
 import statistics
 
 THROUGHPUT_SHARE = 0.25     # a first run whose tokens/s is this far from the best's is run again before judging
@@ -24,13 +25,22 @@ class Rule:
     margin_flag: float | None = None
     noise_sd: float | None = None
     noise_runs: int = 1
+    sd_floor: float = 0.0       # the least noise sd assumed (see sd_floor()): identical baseline runs give sd 0
+    floor_source: str = ""      # where sd_floor comes from, in words
+
+    @property
+    def sd(self):
+        """The noise sd the margin is made of: the measured one, at least sd_floor (None: not measured)."""
+        if self.noise_sd is None and self.noise_runs <= 1:
+            return None
+        return max(self.noise_sd or 0.0, self.sd_floor)
 
     @property
     def margin(self):
         """How much a candidate must beat the best by, in metric units (0.0: strictly better)."""
         if self.margin_flag is not None:
             return self.margin_flag
-        return MARGIN_SDS * self.noise_sd if self.noise_sd and self.confirm > 0 else 0.0
+        return MARGIN_SDS * self.sd if self.sd and self.confirm > 0 else 0.0
 
     @property
     def noise_aware(self):
@@ -42,7 +52,11 @@ class Rule:
         """How the margin was set, in words."""
         if self.margin_flag is not None:
             return "--margin"
-        return f"{MARGIN_SDS} x noise sd" if self.noise_aware else "strict: --confirm 0 or one baseline run"
+        if not self.noise_aware:
+            return "strict: --confirm 0 or one baseline run"
+        if self.noise_sd is not None and self.sd_floor > self.noise_sd:
+            return f"{MARGIN_SDS} x the noise floor, {self.floor_source}: the baseline's runs spread less"
+        return f"{MARGIN_SDS} x noise sd"
 
     def gain(self, metric, best):
         """How much metric is better than best (positive: better), whatever the goal."""
@@ -75,6 +89,16 @@ class Rule:
                 "best's is run again before it is judged, and both runs count.")
 
 
+def rule_of(goal, confirm, margin, baseline=None, runs=1):
+    """The Rule of a tag judged with --confirm `confirm` and --margin `margin` whose baseline's "experiment" event is
+    `baseline` (its noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it.
+    agent.py and report.py build a tag's rule here."""
+    if baseline is None:
+        return Rule(goal, confirm, margin, None, runs)
+    return Rule(goal, confirm, margin, baseline.get("noise_sd"), len(baseline.get("runs") or [0]),
+                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What judge() decided. status: keep | discard | crash; runs: the metrics of every run that counted, first run
@@ -85,6 +109,33 @@ class Verdict:
     metric: float | None = None
     reason: str = ""
     failed: object = None
+    repeated: bool = False      # runs[1] is runs[0] again with the same seed (its tokens/s was off), not a new seed
+
+    def runs_words(self, metric):
+        """What its runs were, for `try`'s runs: line and the row: "seeds differ" or the throughput re-run."""
+        if not self.repeated:
+            return f"seeds differ; {metric} is their mean"
+        rest = "; the others: other seeds" if len(self.runs) > 2 else ""
+        return f"run 2 re-ran run 1 with the same seed, its tokens/s was off{rest}; {metric} is their mean"
+
+
+def sd_floor(metric, runs, eval_summary, declared=None):
+    """The least noise sd a verdict assumes, and its source in words: baseline runs that agree exactly (a quantised
+    score, or a train.py that ignores its seed) would otherwise make the margin 0, and float rounding a "gain".
+    A score over N problems (the evaluator's summary has num_problems: pass@1) gets at least its binomial standard
+    error sqrt(p (1 - p) / N), p the baseline's mean kept 1/N away from 0 and 1; otherwise the target's
+    METRIC_SD_FLOOR (prepare.py), if it declares one. runs: the baseline's metrics. Returns (sd, words); (0.0, "")
+    when neither applies."""
+    try:
+        n = int(eval_summary.get("num_problems", 0))
+    except (TypeError, ValueError):
+        n = 0
+    if n > 1 and runs:
+        p = min(max(statistics.fmean(runs), 1 / n), 1 - 1 / n)
+        return math.sqrt(p * (1 - p) / n), f"the binomial standard error of {metric} over {n} problems"
+    if isinstance(declared, (int, float)) and math.isfinite(declared) and declared > 0:
+        return float(declared), f"METRIC_SD_FLOOR {declared:g} of prepare.py"
+    return 0.0, ""
 
 
 def tokens_per_sec(outcome):
@@ -117,16 +168,17 @@ def judge(first, run_again, rule, best_metric, best_tps=None):
         if repeat.metric is None:
             return Verdict("crash", (), None, f"its repeat crashed: {repeat.reason}", repeat)
         runs.append(repeat.metric)
+    repeated = len(runs) > 1
     if not rule.beats(statistics.fmean(runs), best_metric):
-        return Verdict("discard", tuple(runs), statistics.fmean(runs))
+        return Verdict("discard", tuple(runs), statistics.fmean(runs), repeated=repeated)
     for run in range(1, rule.confirm + 1):
         confirmation = run_again(run, False)
         if confirmation.metric is None:
             return Verdict("crash", tuple(runs), None, f"confirmation run {run + 1} crashed: {confirmation.reason}",
-                           confirmation)
+                           confirmation, repeated)
         runs.append(confirmation.metric)
     mean = statistics.fmean(runs)
-    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean)
+    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean, repeated=repeated)
 
 
 def throughput_off(tps, best_tps):

@@ -175,7 +175,13 @@ def test_network_is_out_of_reach_in_the_sandbox(target):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     got = []
-    threading.Thread(target=lambda: got.append(server.accept()), daemon=True).start()
+
+    def accept():
+        try:
+            got.append(server.accept())
+        except OSError:                 # closed at the end of the test: nothing connected
+            pass
+    threading.Thread(target=accept, daemon=True).start()
     code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    LR = 0.05\n"
             "except OSError as e:\n    print('no network:', e)")
     row, _ = one(target, inject("ask a server for the answer", code), "auto")

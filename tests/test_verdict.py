@@ -50,6 +50,28 @@ def test_confirm_0_or_one_baseline_run_is_strictly_better(rule):
     assert rule.beats(1.999, 2.0) and not rule.beats(2.0, 2.0) and not rule.near_miss(2.0, 2.0)
 
 
+def test_identical_baseline_runs_get_the_floor_not_a_zero_margin():
+    """sd 0 (three baseline runs alike): the margin is 2 x the floor, and the source says so; a measured sd above the
+    floor wins; --margin and the strict rule ignore the floor."""
+    floor, words = verdict.sd_floor("val_bpb", (1.5, 1.5, 1.5), {}, 1e-4)
+    assert (floor, words) == (1e-4, "METRIC_SD_FLOOR 0.0001 of prepare.py")
+    rule = Rule("min", confirm=1, noise_sd=0.0, noise_runs=3, sd_floor=floor, floor_source=words)
+    assert rule.margin == pytest.approx(2e-4) and not rule.beats(1.5 - 1.5e-4, 1.5) and rule.beats(1.5 - 2.5e-4, 1.5)
+    assert rule.source == "2 x the noise floor, METRIC_SD_FLOOR 0.0001 of prepare.py: the baseline's runs spread less"
+    assert Rule("min", confirm=1, noise_sd=0.25, noise_runs=3, sd_floor=floor).margin == 0.5
+    assert Rule("min", confirm=1, margin_flag=0.0, noise_sd=0.0, noise_runs=3, sd_floor=floor).margin == 0.0
+    assert Rule("min", confirm=0, noise_sd=0.0, noise_runs=3, sd_floor=floor).margin == 0.0
+    assert verdict.sd_floor("val_bpb", (1.5,), {}, None) == (0.0, "")          # nothing declared: no floor
+
+
+def test_a_score_over_n_problems_gets_its_binomial_standard_error():
+    """pass@1 0.30 over 100 problems: sqrt(0.3 * 0.7 / 100) = 0.0458258; a score of 0 or 1 is kept 1/N inside."""
+    floor, words = verdict.sd_floor("pass@1", (0.3, 0.3, 0.3), {"num_problems": "100"})
+    assert floor == pytest.approx(0.0458258, abs=1e-7) and words == "the binomial standard error of pass@1 over 100 problems"
+    assert verdict.sd_floor("pass@1", (0.0, 0.0), {"num_problems": "100"})[0] == pytest.approx((0.01 * 0.99 / 100) ** 0.5)
+    assert verdict.sd_floor("pass@1", (0.3,), {"num_problems": "x"}, 0.01) == (0.01, "METRIC_SD_FLOOR 0.01 of prepare.py")
+
+
 def test_before_the_baseline_is_measured_the_rule_is_noise_aware_with_no_margin_yet():
     rule = Rule("min", confirm=1, noise_sd=None, noise_runs=3)
     assert rule.noise_aware and rule.margin == 0.0
@@ -140,9 +162,13 @@ def test_a_first_run_at_another_throughput_is_repeated_and_both_runs_count():
     found = judge(run(1.25, tps=500), again, NOISY, 2.0, best_tps=1000)
     assert again.calls == [(0, True), (1, False)]
     assert (found.status, found.runs) == ("keep", (1.25, 1.5, 1.25)) and found.metric == pytest.approx(4 / 3)
+    assert found.repeated and found.runs_words("val_bpb") == ("run 2 re-ran run 1 with the same seed, its tokens/s "
+                                                              "was off; the others: other seeds; val_bpb is their mean")
     again = Runs(run(2.0, tps=1000))                              # the repeat is worse: mean 1.625, discarded
     found = judge(run(1.25, tps=500), again, NOISY, 2.0, best_tps=1000)
     assert (found.status, found.runs, found.metric) == ("discard", (1.25, 2.0), 1.625) and again.calls == [(0, True)]
+    assert found.runs_words("val_bpb") == "run 2 re-ran run 1 with the same seed, its tokens/s was off; val_bpb is " \
+        "their mean"
 
 
 def test_a_throughput_within_the_share_or_unknown_is_not_repeated():
