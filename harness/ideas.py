@@ -154,7 +154,7 @@ def check_new(s, source, others=()):
     if (earlier := measured_as(s, source)) is not None:
         raise EditError(f"the resulting train.py is the code of experiment {describe(earlier, s.metric)} (comments "
                         "and spacing aside), already measured: propose a different idea")
-    if any(fingerprint(i.source) == fingerprint(source) for i in others):
+    if (mine := fingerprint(source)) and any(fingerprint(i.source) == mine for i in others):
         raise EditError("the resulting train.py is the same as a candidate still running or about to run: propose a "
                         "different idea")
 

@@ -35,6 +35,7 @@ from harness.target import FROZEN, check_target, default_timeout, effective_budg
 from harness.verdict import DEFAULT_CONFIRM, Rule, rule_of
 
 RUN_LOG = "run.log"
+KINDS = {kind.value: kind for kind in runner.Kind}
 CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=")     # an UPPER_CASE constant's assignment line in train.py
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
 
@@ -189,7 +190,7 @@ def measured_as(s, source):
     Ray worker) do not count: their train.py may be tried again."""
     mine = fingerprint(source)
     for e in s.history:
-        if not runner.Kind(e.get("kind", "ok")).measured:
+        if not KINDS.get(e.get("kind"), runner.Kind.OK).measured:     # older events: no kind, or an unknown one
             continue
         if e["n"] not in s.prints:
             s.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
