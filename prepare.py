@@ -1191,6 +1191,9 @@ def main(argv=None):
                         help="with --evaluate: the split to score (holdout: hidden from the search; report.py --holdout)")
     parser.add_argument("--device", help="device for --evaluate (default: cuda, else mps, else cpu)")
     args = parser.parse_args(argv)
+    if args.eval_tokens is not None and (args.check or args.evaluate or args.frozen_inputs):
+        parser.error("--eval-tokens is for preparing data (recorded with it); --check, --evaluate and "
+                     "--frozen-inputs read the count from the prepared data")
     try:
         if args.frozen_inputs:
             print(json.dumps(frozen_inputs()))

@@ -4,6 +4,8 @@ raises SetupError (exit 2, nothing changed) with the way out when the tag, the l
 agent.py will not touch: it never stashes, resets or deletes your work. Read-only: none of them writes anything.
 """
 
+from pathlib import Path
+
 from harness import gitops, ledger
 from harness.edits import fingerprint
 from harness.errors import SetupError
@@ -32,21 +34,31 @@ def numbered(s):
 
 
 def readable(s):
-    """Every recorded experiment's commit, tree and train.py must still be readable from git, each object's content
-    matching its hash (a disk fault or a killed `git gc` can damage objects): the resume compares new ideas with them
-    and builds on the best. Stops at the first damaged one (git's reader may be off track after it). Fills s.blobs
-    and s.prints (the duplicate checks' caches) on the way."""
+    """Every recorded experiment's commit, the trees down to the target and its train.py and frozen files must still
+    be readable from git, each object's content matching its hash (a disk fault or a killed `git gc` can damage
+    objects): the resume compares new ideas with them, builds on the best and exports them. Stops at the first
+    damaged one (git's reader may be off track after it). Fills s.blobs and s.prints (the duplicate checks' caches)."""
+    seen = set()
+
+    def check(obj):
+        if obj.binsha not in seen:
+            gitops.verified(s.repo, obj.binsha)
+            seen.add(obj.binsha)
+        return obj
     for e in s.history:
         try:
-            commit = s.repo.commit(e["full_commit"])
-            gitops.verified(s.repo, commit.binsha)
-            gitops.verified(s.repo, commit.tree.binsha)
+            commit = check(s.repo.commit(e["full_commit"]))
+            for rel in [s.train_rel, *s.frozen_rels]:
+                tree = check(commit.tree)
+                for part in Path(rel).parts[:-1]:
+                    tree = check(tree / part)
+                check(tree / Path(rel).name)
             blob = commit.tree / s.train_rel
             s.prints[e["n"]] = fingerprint(gitops.verified(s.repo, blob.binsha).decode("utf-8", "replace"))
             s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
-            raise SetupError(f"git cannot read the commit or train.py of experiment #{e['n']} ({e['commit']}: "
-                             f"{' '.join(str(err).split())[:160]}) of tag {s.settings.tag!r}: objects in "
+            raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
+                             f"({e['commit']}: {' '.join(str(err).split())[:160]}) of tag {s.settings.tag!r}: objects in "
                              f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
                              "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
                              f"{ledger.RESULTS} and {ledger.EVENTS} are as they were") from None
@@ -68,7 +80,7 @@ def one_rule(s, recorded):
     if recorded is None:
         return
     asked = {"--confirm": (a.confirm, recorded["confirm"]), "--margin": (a.margin, recorded["margin"])}
-    other = [f"{flag} {given:g} (the tag's: {'none, 2 x the noise sd' if mine is None else f'{mine:g}'})"
+    other = [f"{flag} {given} (the tag's: {f'none: {s.rule.source}' if mine is None else mine})"
              for flag, (given, mine) in asked.items() if given is not None and given != mine]
     if other:
         raise SetupError(f"tag {a.tag!r} judges every experiment by one rule, fixed when its baseline was recorded: "

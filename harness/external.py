@@ -134,7 +134,7 @@ def verdict(s, event, result, synced=True):
     then the log tail after a crash); result: the experiment.Result (None for the baseline). Returns 0."""
     best, rule = s.best_event, s.rule
     near = event["status"] == "discard" and event["n"] > 0 and rule.near_miss(event["metric"], event["base_metric"])
-    lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the noise margin; worth "
+    lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the margin; worth "
                                                                         "combining with another idea)" if near else "")),
              (s.metric, f"{event['metric']:.6f}" if event["status"] != "crash" else "- (crash)")]
     if event["n"] > 0 and event["status"] != "crash":

@@ -229,7 +229,13 @@ def git_words(e):
 def failure_words(e):
     """A failed git command (git_words) or file operation of the machine (errors.os_words) in one line with the fix;
     None for an error that is neither (a bug, left to its traceback)."""
-    return f"{git_words(e)}. Fix that" if isinstance(e, GitError) else os_words(e)
+    if not isinstance(e, GitError):
+        return os_words(e)
+    said = f"{e.stderr or ''}".lower()
+    damaged = e.status is not None and isinstance(e.status, int) and e.status < 0 or any(
+        word in said for word in ("unable to read", "inflate", "corrupt", "bad object", "loose object", "bad tree"))
+    return f"{git_words(e)}. " + ("The repository's objects look damaged: `git fsck` names them; restore them from a "
+                                  "backup or a clone that has them" if damaged else "Fix that")
 
 
 def advance_branch(repo, branch, new, old):

@@ -86,6 +86,8 @@ class Session:
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     live: list = dataclasses.field(default_factory=list)
     events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
+    start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
+    #                                     event (a `try` refused after open_session logs nothing)
 
     @property
     def best_event(self):
@@ -101,6 +103,9 @@ class Session:
         """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
         path = self.target / ledger.EVENTS
         with self.lock:
+            if self.start is not None and event != "start":
+                start, self.start = self.start, None
+                self.log("start", **start)
             ledger.check_size(path, self.events_size)
             record = ledger.log_event(path, self.settings.tag, event, **fields)
             self.events_size = path.stat().st_size
@@ -183,20 +188,28 @@ def duplicate_of(s, source):
     return None
 
 
+OVERTIME_TRIES = 2      # a train.py whose first run went over the wall-time allowance may run this often in all
+
+
 @locked
 def measured_as(s, source):
     """The "experiment" event of this tag whose train.py is the same idea as `source` (edits.fingerprint: comments
-    and spacing aside), or None. Runs the environment may be to blame for (Kind.measured: over the wall time, a lost
-    Ray worker) do not count: their train.py may be tried again."""
-    mine = fingerprint(source)
+    and spacing aside), or None. What the environment may be to blame for does not count (Kind.measured): a lost Ray
+    worker or node, and a first run over the wall-time allowance (a busier machine), which may run OVERTIME_TRIES
+    times in all, no more: a train.py that idles past the allowance on an unlucky draw gets no fresh draws."""
+    mine, overtime = fingerprint(source), []
     for e in s.history:
-        if not KINDS.get(e.get("kind"), runner.Kind.OK).measured:     # older events: no kind, or an unknown one
+        kind = KINDS.get(e.get("kind"), runner.Kind.OK)     # older events: no kind, or an unknown one: measured
+        if kind is not runner.Kind.OVERTIME and not kind.measured:
             continue
         if e["n"] not in s.prints:
             s.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
-        if s.prints[e["n"]] == mine:
+        if s.prints[e["n"]] != mine:
+            continue
+        if kind is not runner.Kind.OVERTIME or e.get("runs"):  # a run of it had a metric: measured
             return e
-    return None
+        overtime.append(e)
+    return overtime[-1] if len(overtime) >= OVERTIME_TRIES else None
 
 
 @locked
@@ -246,10 +259,10 @@ def open_session(settings):
     checks.readable(s)
     checks.one_budget(s)
     checks.one_rule(s, state.rule)
+    check_checkout(s)
     recover_runs(s, state.stale_runs, all_events)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
     checks.no_stray_rows(s, all_events)
-    check_checkout(s)
     place_branch(s)
     s.synced = next((e["commit"] for e in reversed(all_events)
                      if e.get("tag") == settings.tag and e.get("event") == "synced"), None)
@@ -325,7 +338,7 @@ def place_branch(s):
     if s.branch not in s.repo.heads:
         s.repo.create_head(s.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha
-        s.log("start", new_branch=True, best=s.best_commit, **rule)
+        s.start = dict(new_branch=True, best=s.best_commit, **rule)
         return
     # before the baseline is measured, whatever the branch holds is the baseline
     s.best_commit = s.best_event["full_commit"] if s.best_event else s.repo.heads[s.branch].commit.hexsha
@@ -335,7 +348,7 @@ def place_branch(s):
         s.log("advanced", n=s.next_n - 1, tip=tip, best=s.best_commit)
     elif tip != s.best_commit:
         adopt_human_commits(s, tip)
-    s.log("start", new_branch=False, best=s.best_commit, experiments=len(s.history), **rule)
+    s.start = dict(new_branch=False, best=s.best_commit, experiments=len(s.history), **rule)
 
 
 def claim_home(s):

@@ -661,7 +661,8 @@ def damage(obj, how):
     return good
 
 
-@pytest.mark.parametrize("how, what", [("garbage", "commit"), ("cut", "train.py"), ("rewritten", "train.py")])
+@pytest.mark.parametrize("how, what", [("garbage", "commit"), ("cut", "train.py"), ("rewritten", "train.py"),
+                                       ("garbage", "prepare.py")])
 def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target, capsys, how, what):
     """A recorded candidate's object damaged on disk (a disk fault, a killed `git gc`): the resume names that
     experiment, the objects folder and `git fsck`, exit 2, no traceback, nothing written; once the object is back
@@ -670,14 +671,16 @@ def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target,
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     kept = events(target, "experiment")[1]
     repo = git.Repo(target)
-    sha = kept["full_commit"] if what == "commit" else repo.commit(kept["full_commit"]).tree["train.py"].hexsha
+    sha = kept["full_commit"] if what == "commit" else repo.commit(kept["full_commit"]).tree[what].hexsha
+    if what == "prepare.py":                        # in every experiment's tree: the first one checked is named
+        kept = events(target, "experiment")[0]
     obj = target / ".git" / "objects" / sha[:2] / sha[2:]
     good = damage(obj, how)
     before = [(target / name).read_bytes() for name in ("results.tsv", "events.jsonl")]
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and f"git cannot read the commit or train.py of experiment #1 ({kept['commit']}" in err
+    assert "Traceback" not in err and f"of experiment #{kept['n']} ({kept['commit']}" in err
     assert f"{target / '.git'}/objects are missing or damaged. `git fsck` names them" in err
     assert [(target / name).read_bytes() for name in ("results.tsv", "events.jsonl")] == before
     obj.write_bytes(good)
@@ -698,6 +701,12 @@ def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, m
     assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
     monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET")
     assert "budget" in capsys.readouterr().err and (target / "events.jsonl").read_bytes() == before
+    prepare = (target / "prepare.py").read_text()
+    (target / "prepare.py").write_text(prepare + "# mine\n")                 # refused: uncommitted frozen file
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
+    assert "uncommitted changes to prepare.py" in capsys.readouterr().err
+    assert (target / "events.jsonl").read_bytes() == before
+    (target / "prepare.py").write_text(prepare)
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     [torn] = events(target, "torn_line")

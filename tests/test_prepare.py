@@ -174,6 +174,9 @@ def test_eval_tokens_are_checked_recorded_and_never_mixed(tmp_path, capsys, monk
     assert "prepared with profile 'cpu' (2048 eval tokens). To replace it re-run with --force" in capsys.readouterr().err
     assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", "2048"]) == 0
     assert "Already prepared" in capsys.readouterr().out
+    with pytest.raises(SystemExit):                 # the count is the prepared data's, never a reader's flag
+        P.main(["--check", "--eval-tokens", "999"])
+    assert "--eval-tokens is for preparing data" in capsys.readouterr().err
 
 
 def test_val_split_smaller_than_eval_tokens_is_refused(tmp_path):
