@@ -91,7 +91,10 @@ def append_line(path, line):
 def check_size(path, expected):
     """events.jsonl must still hold at least the `expected` bytes this invocation wrote (None: nothing yet): a ledger
     deleted or cut while the loop runs would be recreated with only the later events. Raises Stop with the way out."""
-    size = path.stat().st_size if path.exists() else None
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = None
     if expected is not None and (size is None or size < expected):
         found = "is gone" if size is None else f"was cut to {size} bytes"
         raise Stop(f"{path} {found} while the loop ran ({expected} bytes were written): nothing more is written to "

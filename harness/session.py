@@ -108,7 +108,10 @@ class Session:
                 self.log("start", **start)
             ledger.check_size(path, self.events_size)
             record = ledger.log_event(path, self.settings.tag, event, **fields)
-            self.events_size = path.stat().st_size
+            try:
+                self.events_size = path.stat().st_size
+            except FileNotFoundError:       # deleted right after the append: the next event's check stops the loop
+                self.events_size = max(self.events_size or 0, 1)
             for snap in self.live:
                 snap.appended(path, ledger.event_line(record) + "\n")
             return record
