@@ -1052,8 +1052,8 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
             old = json.loads(meta_path.read_text())
         except ValueError:
             old = {"dataset": "?", "source": f"an unreadable {meta_path.name}", "profile": "?"}
-        same = (old.get("dataset"), old.get("source"), old.get("profile"), old.get("eval_tokens", profile.eval_tokens)) \
-            == (dataset, source_id, profile.name, profile.eval_tokens)
+        same = (old.get("dataset"), old.get("source"), old.get("profile"),
+                old.get("eval_tokens", profile.eval_tokens)) == (dataset, source_id, profile.name, profile.eval_tokens)
         if not same and not force:
             raise PrepareError(f"{root} already holds {old.get('dataset')} data ({old.get('source')}) prepared with profile "
                                f"{old.get('profile')!r} ({old.get('eval_tokens')} eval tokens). To replace it re-run "
@@ -1179,9 +1179,9 @@ def main(argv=None):
     parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards to download, -1 = all (default: 10)")
     parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
     parser.add_argument("--eval-tokens", type=int, metavar="N",
-                        help="score N val tokens instead of the profile's EVAL_TOKENS: a quicker, noisier evaluation for "
-                             "smoke tests and CI (a multiple of MAX_SEQ_LEN, e.g. 8192 with --profile cpu); recorded "
-                             "with the data, so every run on it is scored alike")
+                        help="score N val tokens instead of the profile's EVAL_TOKENS: a quicker, noisier "
+                             "evaluation for smoke tests and CI (a multiple of MAX_SEQ_LEN, e.g. 8192 with --profile "
+                             "cpu); recorded with the data, so every run on it is scored alike")
     parser.add_argument("--force", action="store_true", help="replace a cache prepared with another dataset or profile")
     parser.add_argument("--check", action="store_true", help="only check that prepared data exists; exit 0 if so")
     parser.add_argument("--frozen-inputs", action="store_true",

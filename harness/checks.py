@@ -57,8 +57,9 @@ def readable(s):
             s.prints[e["n"]] = fingerprint(gitops.verified(s.repo, blob.binsha).decode("utf-8", "replace"))
             s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
+            said = " ".join(str(err).split())[:160]
             raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
-                             f"({e['commit']}: {' '.join(str(err).split())[:160]}) of tag {s.settings.tag!r}: objects in "
+                             f"({e['commit']}: {said}) of tag {s.settings.tag!r}: objects in "
                              f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
                              "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
                              f"{ledger.RESULTS} and {ledger.EVENTS} are as they were") from None

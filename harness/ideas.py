@@ -219,7 +219,8 @@ def idea_of(s, commit, rebased_from=None, fix_of=None):
         return None
     fix = re.search(r"(?m)^fix (\d+): (.*)$", c.message) if fix_of is not None else None
     return Idea(c.summary, new, answer_for(c.summary, old, new), base, 0, Spend(), 0, rebased_from,
-                fixes=int(fix.group(1)) if fix else 0, fix_of=fix_of if fix else None, fix_words=fix.group(2) if fix else "")
+                fixes=int(fix.group(1)) if fix else 0, fix_of=fix_of if fix else None,
+                fix_words=fix.group(2) if fix else "")
 
 
 def on_llm_retry(s, retry, problem, delay):

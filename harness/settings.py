@@ -36,7 +36,8 @@ class Settings:
     baseline_runs: int                  # runs of the baseline (seeds): their sd is the noise floor
     confirm: int | None                 # further runs a likely win gets before it is kept (0: strict ratchet; None:
                                         # not given: the tag's, or verdict.DEFAULT_CONFIRM for a new tag)
-    margin: float | None                # --margin in metric units (None: not given: the tag's, or MARGIN_SDS x noise sd)
+    margin: float | None                # --margin in metric units (None: not given: the tag's, or
+                                        # MARGIN_SDS x noise sd)
     source: str | None                  # local files to prepare the data from when none is prepared
     proposer: str = "external"          # anthropic | openai | random | grid; "external" for `try`
     model: str | None = None            # the LLM model (its default filled in)

@@ -80,7 +80,8 @@ def test_forged_results_row_never_reaches_results_tsv(target, mode):
     row, end = one(target, inject("forge a row", code), mode)
     assert "forged" not in (target / "results.tsv").read_text()
     if mode == "off":                                   # the guard saw it, put the file back and rejects the run
-        assert row[3] == "crash" and "rejected: the run wrote results.tsv (restored; copy at .git/autoresearch/t/changed/results.tsv." in row[4]
+        assert row[3] == "crash" and \
+            "rejected: the run wrote results.tsv (restored; copy at .git/autoresearch/t/changed/results.tsv." in row[4]
         assert (target / row[4].split("copy at ")[1].split(")")[0]).read_text().endswith("forged\n")   # nothing lost
     else:                                               # in the sandbox the file is not even there
         assert row[1:4] == ["1.108000", "0.0", "discard"]

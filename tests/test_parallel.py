@@ -351,8 +351,8 @@ def test_your_edit_of_results_tsv_during_two_unsandboxed_runs_is_saved_and_rejec
         _, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     exps = ledger_holds(target)
-    rejected = [e for e in exps[1:] if "rejected: the run wrote results.tsv (restored; copy at .git/autoresearch/t/changed/" in
-                e["description"]]
+    words = "rejected: the run wrote results.tsv (restored; copy at .git/autoresearch/t/changed/"
+    rejected = [e for e in exps[1:] if words in e["description"]]
     assert len(rejected) == 1 and len(exps) == 3
     [other] = [e for e in exps[1:] if e is not rejected[0]]
     assert other["status"] in ("keep", "discard") and "rejected" not in other["description"]

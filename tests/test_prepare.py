@@ -171,7 +171,8 @@ def test_eval_tokens_are_checked_recorded_and_never_mixed(tmp_path, capsys, monk
     assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", "2048"]) == 0
     assert P.load_prepared(cache).eval_tokens == 2048 and P.load_prepared(cache).profile.name == "cpu"
     assert P.main(["--source", source, "--profile", "cpu"]) == 1
-    assert "prepared with profile 'cpu' (2048 eval tokens). To replace it re-run with --force" in capsys.readouterr().err
+    assert "prepared with profile 'cpu' (2048 eval tokens). To replace it re-run with --force" in \
+        capsys.readouterr().err
     assert P.main(["--source", source, "--profile", "cpu", "--eval-tokens", "2048"]) == 0
     assert "Already prepared" in capsys.readouterr().out
     with pytest.raises(SystemExit):                 # the count is the prepared data's, never a reader's flag

@@ -67,9 +67,12 @@ def test_identical_baseline_runs_get_the_floor_not_a_zero_margin():
 def test_a_score_over_n_problems_gets_its_binomial_standard_error():
     """pass@1 0.30 over 100 problems: sqrt(0.3 * 0.7 / 100) = 0.0458258; a score of 0 or 1 is kept 1/N inside."""
     floor, words = verdict.sd_floor("pass@1", (0.3, 0.3, 0.3), {"num_problems": "100"})
-    assert floor == pytest.approx(0.0458258, abs=1e-7) and words == "the binomial standard error of pass@1 over 100 problems"
-    assert verdict.sd_floor("pass@1", (0.0, 0.0), {"num_problems": "100"})[0] == pytest.approx((0.01 * 0.99 / 100) ** 0.5)
-    assert verdict.sd_floor("pass@1", (0.3,), {"num_problems": "x"}, 0.01) == (0.01, "METRIC_SD_FLOOR 0.01 of prepare.py")
+    assert floor == pytest.approx(0.0458258, abs=1e-7)
+    assert words == "the binomial standard error of pass@1 over 100 problems"
+    zero = verdict.sd_floor("pass@1", (0.0, 0.0), {"num_problems": "100"})[0]
+    assert zero == pytest.approx((0.01 * 0.99 / 100) ** 0.5)
+    declared = verdict.sd_floor("pass@1", (0.3,), {"num_problems": "x"}, 0.01)
+    assert declared == (0.01, "METRIC_SD_FLOOR 0.01 of prepare.py")
 
 
 def test_before_the_baseline_is_measured_the_rule_is_noise_aware_with_no_margin_yet():
