@@ -12,6 +12,10 @@ import statistics
 THROUGHPUT_SHARE = 0.25     # a first run whose tokens/s is this far from the best's is run again before judging
 MARGIN_SDS = 2              # the default margin: this many noise sds (the baseline's runs' spread)
 DEFAULT_CONFIRM = 1         # confirmation runs of a likely win, unless --confirm says otherwise
+# Runs of one candidate with other seeds that agree within this share of the noise sd repeat one draw: train.py
+# ignores AUTORESEARCH_SEED, so no run confirms another. Two honest runs (difference ~ N(0, 2 sd^2)) land this close
+# 0.56 % of the time; a seed-ignoring run on a GPU differs only by kernel nondeterminism, far less than 1 % of an sd.
+SAME_DRAW_SDS = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +90,8 @@ class Rule:
         return (f"Results carry noise (the seed of init and data order changes from run to run): an edit is kept "
                 f"only if its run {better}, confirmed by {runs} (the mean of all its runs must still beat it); "
                 f"otherwise it is reverted. A first run whose tokens/s is more than {THROUGHPUT_SHARE:.0%} off the "
-                "best's is run again before it is judged, and both runs count.")
+                "best's is run again before it is judged, and both runs count. An edit whose runs with other seeds "
+                "repeat one result ignores AUTORESEARCH_SEED and is not kept.")
 
 
 def rule_of(goal, confirm, margin, baseline=None, runs=1):
@@ -103,7 +108,8 @@ def rule_of(goal, confirm, margin, baseline=None, runs=1):
 class Verdict:
     """What judge() decided. status: keep | discard | crash; runs: the metrics of every run that counted, first run
     first; metric: their mean (None: a crash); reason: why it crashed when its first run had a metric (a repeat or
-    a confirmation crashed), else ""; failed: that run's Outcome (its log tail and kind), else None."""
+    a confirmation crashed; or why a discard that beat the margin was not kept), else ""; failed: that run's Outcome
+    (its log tail and kind), else None."""
     status: str
     runs: tuple = ()
     metric: float | None = None
@@ -156,6 +162,8 @@ def judge(first, run_again, rule, best_metric, best_tps=None):
       train.py prints its own tokens/s, so a repeat it asks for must never replace an unlucky first run.
     - discard when the mean does not beat the best by the margin; otherwise rule.confirm more runs with other seeds,
       kept only if the mean of all its runs still beats it. A repeat or confirmation that crashes makes a crash.
+    - discard when its confirmations repeat its first run (within SAME_DRAW_SDS noise sd while the baseline's seeds
+      spread): train.py ignores its seed, so a lucky draw would pass for a confirmed one.
 
     run_again(run, again) -> Outcome: run the candidate once more; run is the confirmation's index (1..confirm), or 0
     with again=True for the throughput repeat. Returns a Verdict."""
@@ -178,6 +186,10 @@ def judge(first, run_again, rule, best_metric, best_tps=None):
                            confirmation, repeated)
         runs.append(confirmation.metric)
     mean = statistics.fmean(runs)
+    confirmations = runs[len(runs) - rule.confirm:]
+    if rule.noise_sd and all(abs(m - first.metric) <= SAME_DRAW_SDS * rule.noise_sd for m in confirmations):
+        return Verdict("discard", tuple(runs), mean, "its runs with other seeds repeat one result: train.py ignores "
+                       "AUTORESEARCH_SEED, so no run can confirm another (use the seed)", repeated=repeated)
     return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean, repeated=repeated)
 
 

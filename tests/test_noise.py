@@ -141,6 +141,27 @@ def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkey
     assert f"runs: {gain['runs'][0]:.6f}, {gain['runs'][1]:.6f}" in out          # each kept commit's runs
 
 
+def test_a_train_py_that_pins_a_lucky_seed_is_not_confirmed_by_itself(tmp_path, monkeypatch):
+    """A no-op with its seed pinned to one found offline to beat the margin (what "pin the seed for reproducibility"
+    does by luck, or an agent on purpose): its confirmation repeats the draw, so it is discarded with the reason."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "ready").touch()
+    target = make_noisy_target(tmp_path / "repo")
+    base = [noisy_metric(0, seed_of(0, run)) for run in range(3)]
+    margin = 2 * statistics.stdev(base)
+    lucky = next(f"lucky{i}" for i in range(10_000) if noisy_metric(0, f"lucky{i}") < statistics.fmean(base) - margin)
+    line = next(line for line in (target / "train.py").read_text().splitlines() if "AUTORESEARCH_SEED', '0'" in line)
+    pin = edit("pin the seed", line, line.replace("os.environ.get('AUTORESEARCH_SEED', '0')", repr(lucky)))
+    with ScriptedLLM([pin]) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
+                           "--base-url", llm.anthropic_url, "--max-experiments", "1"]) == 0
+    pinned = events(target, "experiment")[1]
+    assert pinned["status"] == "discard" and pinned["runs"] == [noisy_metric(0, lucky)] * 2
+    assert rows(target)[1].endswith("discard\tpin the seed (2 runs) (its runs with other seeds repeat one result: "
+                                    "train.py ignores AUTORESEARCH_SEED, so no run can confirm another (use the seed))")
+
+
 def test_the_prompt_carries_deltas_near_misses_and_asks_what_an_idea_builds_on(target):
     """With --margin 0.05 on the deterministic tiny target: a discard 0.001 worse than its base is a near-miss."""
     answers = [edit("raise LR", "LR = 0.04", "LR = 0.05"), edit("deeper", "DEPTH = 8", "DEPTH = 9"),
