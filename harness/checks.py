@@ -38,12 +38,11 @@ def readable(s):
     be readable from git, each object's content matching its hash (a disk fault or a killed `git gc` can damage
     objects): the resume compares new ideas with them, builds on the best and exports them. Stops at the first
     damaged one (git's reader may be off track after it). Fills s.blobs and s.prints (the duplicate checks' caches)."""
-    seen = set()
+    content = {}                        # binsha -> verified bytes: an object shared by experiments is read once
 
     def check(obj):
-        if obj.binsha not in seen:
-            gitops.verified(s.repo, obj.binsha)
-            seen.add(obj.binsha)
+        if obj.binsha not in content:
+            content[obj.binsha] = gitops.verified(s.repo, obj.binsha)
         return obj
     for e in s.history:
         try:
@@ -52,10 +51,10 @@ def readable(s):
                 tree = check(commit.tree)
                 for part in Path(rel).parts[:-1]:
                     tree = check(tree / part)
-                check(tree / Path(rel).name)
-            blob = commit.tree / s.train_rel
-            s.prints[e["n"]] = fingerprint(gitops.verified(s.repo, blob.binsha).decode("utf-8", "replace"))
-            s.blobs[e["n"]] = blob.hexsha
+                blob = check(tree / Path(rel).name)
+                if rel == s.train_rel:
+                    s.prints[e["n"]] = fingerprint(content[blob.binsha].decode("utf-8", "replace"))
+                    s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
             said = " ".join(str(err).split())[:160]
             raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "

@@ -14,6 +14,7 @@ from harness.edits import clean_description
 from harness.runner import Kind
 from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
 from harness.settings import MAX_FIXES
+from harness.verdict import Verdict
 
 
 def try_one(s):
@@ -141,10 +142,9 @@ def verdict(s, event, result, synced=True):
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
     runs = event.get("runs") or []
-    if len(runs) > 1 and result is not None:
-        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({result.judged.runs_words(s.metric)})"))
-    elif len(runs) > 1:
-        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" (seeds differ; {s.metric} is their mean)"))
+    if len(runs) > 1:                   # the baseline's (result None): its seeds differ
+        judged = result.judged if result is not None else Verdict("keep", tuple(runs))
+        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({judged.runs_words(s.metric)})"))
     lines.append(("margin", f"{rule.margin:.6f} ({rule.source}): a candidate must beat the best by more"
                             + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
                                else "")))

@@ -55,16 +55,15 @@ class Job:
     fix_words: str = ""                 # a fix: what it changed, in the proposer's words
 
     @property
-    def description(self):
-        """The experiment's description: the idea's, and for a fix what it fixed (experiment.fix_texts)."""
-        return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)[0] if self.fixes else \
-            self.idea.description
+    def texts(self):
+        """(its row description, its commit message): the idea's, and for a fix what it fixed (experiment.fix_texts)."""
+        if not self.fixes:
+            return self.idea.description, self.idea.description
+        return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)
 
     @property
-    def message(self):
-        """Its commit message: the idea, and for a fix a "fix N: ..." paragraph (experiment.fix_texts)."""
-        return experiment.fix_texts(self.idea.description, self.fixes, self.fix_words)[1] if self.fixes else \
-            self.idea.description
+    def description(self):
+        return self.texts[0]
 
 
 @dataclasses.dataclass
@@ -243,7 +242,7 @@ def job_for(s, n, idea):
     with its number and words)."""
     job = Job(n, idea, "", s.best_commit, s.best_metric, s.best_event.get("tokens_per_sec"), idea.fixes, idea.cost,
               fix_of=idea.fix_of, fix_words=idea.fix_words)
-    return dataclasses.replace(job, commit=experiment.commit(s, n, idea.source, job.message, job.fixes,
+    return dataclasses.replace(job, commit=experiment.commit(s, n, idea.source, job.texts[1], job.fixes,
                                                              fix_of=job.fix_of))
 
 
