@@ -124,7 +124,7 @@ def measure(s, device, job):
     """On a device (a worker thread): train the candidate, then judge it against the best it was built on
     (confirmation runs included). Returns (its first run's Outcome, the Verdict, when it ended)."""
     outcome = experiment.train(s, job.n, job.fixes, job.commit, device=device)
-    judged = experiment.judge(s, job.n, job.fixes, outcome, job.base_metric, job.base_tps, device=device)
+    judged = experiment.judge(s, job.n, job.fixes, outcome, job.base, job.base_metric, device=device)
     return outcome, judged, time.monotonic()
 
 
@@ -208,7 +208,7 @@ def research_main(s, proposer, constants, devices):
     s.log("config", proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
           budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
-          speculate=not a.no_speculate, ray=a.ray, confirm=s.rule.confirm, margin=s.rule.margin_flag)
+          speculate=not a.no_speculate, ray=a.ray, verdict=s.rule.name, confirm=s.rule.confirm, margin=s.rule.margin_flag)
     console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
                 f"{s.timeout:g}s, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")

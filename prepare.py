@@ -75,6 +75,12 @@ METRIC_TOLERANCE = 5e-4
 METRIC_SD_FLOOR = 1e-4
 TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
 PREFLIGHT = False        # nothing to check before the loop beyond --check
+SPEED_PROBE = True       # `prepare.py --probe` times a fixed workload on the device (harness.conditions reads it)
+# The probe's workload per device type: (n, reps): reps matmuls of n x n (bf16 on CUDA, float32 elsewhere) with a
+# tanh between, after one warm-up, timed in PROBE_CHUNKS chunks whose median counts (a first chunk at a lower clock
+# or one preempted by a stray process does not): ~0.2 s on 2 CPU cores, ~0.1 s on an H100, next to start-up.
+PROBE_WORK = {"cuda": (4096, 400), "mps": (2048, 100), "cpu": (512, 200)}
+PROBE_CHUNKS = 10
 
 # Smoke tests and CI shorten the budget through this variable. train.py prints `budget_override: 1`
 # in its summary whenever it sets a budget other than TIME_BUDGET, so a shortened run can never pass
@@ -1125,6 +1131,41 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     return load_prepared(root)
 
 
+def speed_probe():
+    """`--probe`: the seconds a fixed workload (PROBE_WORK) takes on the device the evaluator would use (cuda, else
+    mps, else cpu; the CPU thread count of $AUTORESEARCH_THREADS, as train.py's). The harness runs it from the
+    pristine copy before and after every run (harness.conditions): a device made busier or slower shows as a longer
+    probe, so the wall-time allowance and the comparison with the best follow the machine, not train.py's word.
+    Prints `probe_s: SECONDS` (the median chunk's time x PROBE_CHUNKS); returns 0."""
+    if os.environ.get("AUTORESEARCH_THREADS"):
+        torch.set_num_threads(int(os.environ["AUTORESEARCH_THREADS"]))
+    device = default_device()
+    n, reps = PROBE_WORK[device.type]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    generator = torch.Generator().manual_seed(0)
+    a = (torch.randn(n, n, generator=generator) / math.sqrt(n)).to(device, dtype)
+    x = torch.randn(n, n, generator=generator).to(device, dtype)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elif device.type == "mps":
+            torch.mps.synchronize()
+
+    torch.tanh(a @ x)                                   # warm-up: kernels chosen, memory allocated
+    sync()
+    chunks = []
+    for _ in range(PROBE_CHUNKS):
+        t0 = time.perf_counter()
+        for _ in range(reps // PROBE_CHUNKS):
+            x = torch.tanh(a @ x)
+        sync()
+        chunks.append(time.perf_counter() - t0)
+    print(f"probe_s: {sorted(chunks)[PROBE_CHUNKS // 2] * PROBE_CHUNKS:.6f}")
+    print(f"probe_device: {device.type}")
+    return 0
+
+
 def evaluate_main(artifact, device=None, split="val"):
     """`--evaluate`: score the artifact and print the summary block the harness parses (`split: holdout` added when
     it scored the holdout). Returns the exit code. $AUTORESEARCH_THREADS, when set, fixes the CPU thread count (as
@@ -1190,11 +1231,15 @@ def main(argv=None):
     parser.add_argument("--split", choices=("val", "holdout"), default="val",
                         help="with --evaluate: the split to score (holdout: hidden from the search; report.py --holdout)")
     parser.add_argument("--device", help="device for --evaluate (default: cuda, else mps, else cpu)")
+    parser.add_argument("--probe", action="store_true", help="time a fixed workload on this device and print "
+                        "probe_s (the harness's speed probe around each run)")
     args = parser.parse_args(argv)
     if args.eval_tokens is not None and (args.check or args.evaluate or args.frozen_inputs):
         parser.error("--eval-tokens is for preparing data (recorded with it); --check, --evaluate and "
                      "--frozen-inputs read the count from the prepared data")
     try:
+        if args.probe:
+            return speed_probe()
         if args.frozen_inputs:
             print(json.dumps(frozen_inputs()))
             return 0

@@ -31,7 +31,7 @@ from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, e
 from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
-from harness.verdict import rule_of as verdict_rule
+from harness.verdict import FALSE_KEEP, rule_of as verdict_rule
 from harness.target import read_literals
 
 # ---------------------------------------------------------------------------
@@ -372,13 +372,14 @@ def noise_of(run):
 
 
 def rule_of(run):
-    """The verdict rule the run's tag was judged by (harness.verdict.Rule): the --confirm and --margin fixed with its
+    """The verdict rule the run's tag was judged by (harness.verdict.Rule): paired or margin, its flags fixed with its
     baseline (ledger.tag_state), its noise and floor; None without events or from before they were logged."""
     tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
     state = tag_state(run.events or [], tag)
     if state.rule is None:
         return None
-    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], state.history[0])
+    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], state.history[0],
+                        paired=state.rule["verdict"] == "paired", false_keep=state.rule["false_keep"] or FALSE_KEEP)
 
 
 def throughput_of(run):
@@ -458,7 +459,8 @@ def main(argv=None):
     if noise_sd:
         print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds)")
     if (rule := rule_of(run)) is not None:
-        print(f"verdict      {rule.words(run.metric_name)} Margin {rule.margin:.6f} ({rule.source}).")
+        margin = "" if rule.is_paired else f" Margin {rule.margin:.6f} ({rule.source})."
+        print(f"verdict      {rule.words(run.metric_name)}{margin}")
     if run.events is not None:
         print()
         print(format_events(event_stats(run.events, run.tag)))

@@ -1,7 +1,8 @@
 """
 BENCHMARK: does the gain a search reports hold up when measured again? The random proposer runs N experiments on the
-cpu profile twice, side by side in one run: with karpathy's strict single-run ratchet (--baseline-runs 1 --confirm 0)
-and with the noise-aware verdict (agent.py's defaults: 3 baseline runs, a margin of 2 noise sd, one confirmation run).
+cpu profile three times, side by side in one run: with karpathy's strict single-run ratchet (--baseline-runs 1
+--confirm 0), the margin rule (--verdict margin: 3 baseline runs, a margin of 2 noise sd, one confirmation run) and the
+paired rule (agent.py's default: runs paired with the best's at the same seeds, a sequential t-test).
 Then the baseline and each search's final best are trained again R times with fresh seeds (plain train.py in a copy
 of the commit; it scores itself, honestly: these are the random proposer's edits) and the gains compared.
 
@@ -10,7 +11,7 @@ of the commit; it scores itself, honestly: these are the random proposer's edits
 
 reported gain    = baseline metric - final best metric, as the search's results.tsv says (lower is better)
 re-measured gain = mean of R baseline re-runs - mean of R re-runs of the final best
-Target: the noise-aware reported gain within one noise sd (its baseline runs' sd) of the re-measured one.
+Target: the noise-aware reported gains within one noise sd (their baseline runs' sd) of the re-measured ones.
 The budget is shortened from 300 s for time: stated in the output; with a wall-clock budget on a shared machine,
 run it on a quiet one.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from benchrepo import ROOT, bench_repo
 
-MODES = {"strict": ["--baseline-runs", "1", "--confirm", "0"], "noise-aware": []}
+MODES = {"strict": ["--baseline-runs", "1", "--confirm", "0"], "margin": ["--verdict", "margin"], "paired": []}
 
 
 def search(repo, env, tag, flags, experiments):
@@ -59,16 +60,16 @@ def main():
     p.add_argument("--experiments", type=int, default=20, help="experiments after the baseline, each way (default 20)")
     p.add_argument("--reruns", type=int, default=3, help="re-runs of the baseline and of each best (default 3)")
     args = p.parse_args()
-    seeds = [90001 + i for i in range(args.reruns)]          # never used by a search (seeds there are 1000 n + run)
+    seeds = [2**31 + 90001 + i for i in range(args.reruns)]  # never a search's (1000 n + run, or a base below 2^31 + run)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         repo, env = bench_repo(tmp, args.budget)
         found = {mode: search(repo, env, f"bench-{mode}", flags, args.experiments) for mode, flags in MODES.items()}
         baseline_commit = found["strict"][0]["full_commit"]
         base = remeasure(repo, env, baseline_commit, seeds, tmp / "runs")
-        noise_sd = found["noise-aware"][0]["noise_sd"]
+        noise_sd = found["margin"][0]["noise_sd"]
         print(f"budget {args.budget:g} s (shortened from 300 s for time), {args.experiments} random experiments each "
-              f"way, {args.reruns} re-runs; noise sd from the noise-aware baseline's runs: {noise_sd:.4f}")
+              f"way, {args.reruns} re-runs; noise sd from the margin rule's baseline runs: {noise_sd:.4f}")
         print(f"baseline re-measured: {statistics.fmean(base):.4f} ({', '.join(f'{v:.4f}' for v in base)})")
         print(f"{'verdict':<12} {'kept':>4} {'reported gain':>14} {'re-measured gain':>17} {'difference':>11} "
               f"{'in noise sd':>11}")

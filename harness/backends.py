@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from harness import gitops, guard, ledger, runner, sandbox
+from harness import conditions, gitops, guard, ledger, runner, sandbox
+from harness.redact import clean_env
 from harness.runner import Kind
 from harness.target import FROZEN
 
@@ -37,6 +38,7 @@ class Spec:
     evaluation: dict | None                 # {"digest", "tolerance", "artifact", ...}; None: train.py's own number
     fresh_frozen: Callable = lambda: None   # re-export the pristine evaluator into frozen_dir
     device: object = None                   # the harness.pool.Device it runs on (None: this machine as it is)
+    probe: bool = False                     # run the target's speed probe around it (prepare.py SPEED_PROBE)
 
 
 class Watch:
@@ -74,16 +76,18 @@ class Local:
         gpu = sandbox.run_gpu(spec.env)
         artifact = spec.run_dir / (spec.evaluation or {}).get("artifact", "artifact")
         evaluation = None
+        eval_wrap = (lambda argv: s.eval_wrap(argv, spec.frozen_dir, artifact, gpu)) if s.wrap else (lambda a: a)
         if spec.evaluation is not None:
             evaluation = runner.Evaluation(
                 prepare_dir=spec.frozen_dir, artifact=artifact, digest=spec.evaluation["digest"],
                 tolerance=spec.evaluation["tolerance"], own_required=s.wrap is None, setup=spec.fresh_frozen,
-                wrap=(lambda argv: s.eval_wrap(argv, spec.frozen_dir, artifact, gpu)) if s.wrap else (lambda argv: argv))
+                wrap=eval_wrap)
         run = runner.RunSpec(
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: s.wrap(argv, spec.run_dir, gpu)) if s.wrap else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
-            on_tick=watch.tick)
+            on_tick=watch.tick, probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap,
+                                                       {**clean_env(), **spec.env}) if spec.probe else None)
         try:
             outcome = runner.run(run)
         finally:                                                   # also on Ctrl-C

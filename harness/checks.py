@@ -74,12 +74,15 @@ def one_budget(s):
 
 
 def one_rule(s, recorded):
-    """One verdict rule per tag (its confirmation runs and margin, fixed when the baseline is recorded): a `try` or a
-    resume with other explicit --confirm or --margin would judge its experiments by another rule than the rest."""
+    """One verdict rule per tag (paired or margin, its runs, margin and false-keep rate, fixed when the baseline is
+    recorded): a `try` or a resume with other explicit --verdict, --confirm, --margin or --false-keep-rate would
+    judge its experiments by another rule than the rest."""
     a = s.settings
     if recorded is None:
         return
-    asked = {"--confirm": (a.confirm, recorded["confirm"]), "--margin": (a.margin, recorded["margin"])}
+    asked = {"--confirm": (a.confirm, recorded["confirm"]), "--margin": (a.margin, recorded["margin"]),
+             "--verdict": (a.verdict, recorded["verdict"]),
+             "--false-keep-rate": (a.false_keep, recorded["false_keep"])}
     other = [f"{flag} {given} (the tag's: {f'none: {s.rule.source}' if mine is None else mine})"
              for flag, (given, mine) in asked.items() if given is not None and given != mine]
     if other:

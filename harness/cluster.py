@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import runner, sandbox
+from harness import conditions, runner, sandbox
 from harness.errors import SetupError
 from harness.pool import Device
+from harness.redact import clean_env
 from harness.runner import Kind
 from harness.target import FROZEN
 
@@ -96,7 +97,7 @@ class RayBackend:
         ev = spec.evaluation
         payload = dict(files=read_tree(spec.run_dir), frozen=read_tree(spec.frozen_dir), metric=spec.metric,
                        timeout=spec.timeout, env={k: v for k, v in spec.env.items() if k != "AUTORESEARCH_ARTIFACT"},
-                       budget=spec.budget, max_wall=spec.max_wall,
+                       budget=spec.budget, max_wall=spec.max_wall, probe=spec.probe,
                        evaluation=ev and {k: ev[k] for k in ("digest", "tolerance", "artifact")}, **self.context)
         shutil.rmtree(spec.run_dir, ignore_errors=True)
         return payload
@@ -183,7 +184,9 @@ def remote_run(payload):
                                               wrap=eval_wrap)
         spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
                               frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
-                              max_wall=payload["max_wall"], evaluation=evaluation)
+                              max_wall=payload["max_wall"], evaluation=evaluation,
+                              probe=conditions.Probe(runner.interpreter(), frozen, eval_wrap, {**clean_env(), **env})
+                              if payload["probe"] else None)
         outcome = runner.run(spec)
         digest, back = None, None
         if artifact.exists():                       # a file, or a folder (GRPO's weights)

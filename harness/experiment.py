@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import console, gitops, holdout, ledger, verdict
+from harness import conditions, console, gitops, holdout, ledger, verdict
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -60,16 +60,16 @@ def make_candidate_ref(s, n, sha):
 
 class RunWatch(Watch):
     """A run's talk back to the session: the "run" event once it started, the status line, its events, its
-    artifact kept (only the baseline's and the best's stay: see record)."""
+    artifact kept (only the baseline's and the best's stay: see record; never a re-run of the best's)."""
 
-    def __init__(self, s, spec):
-        self.s, self.spec = s, spec
+    def __init__(self, s, spec, best=False):
+        self.s, self.spec, self.best = s, spec, best
 
     def started(self, pgid):
         s, spec = self.s, self.spec
         s.log("run", n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
               timeout_s=spec.timeout, cwd=str(spec.run_dir), device=spec.device.name if spec.device else None,
-              sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off")
+              sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off", best=self.best or None)
 
     def tick(self, elapsed):
         self.s.tick(self.spec.n, elapsed, self.spec.device)
@@ -78,20 +78,22 @@ class RunWatch(Watch):
         self.s.log(name, n=self.spec.n, **fields)
 
     def keep_artifact(self, path):
-        with self.s.lock:
-            holdout.keep_artifact(self.s.home, self.spec.n, self.s.evaluation["artifact"], path)
+        if not self.best:
+            with self.s.lock:
+                holdout.keep_artifact(self.s.home, self.spec.n, self.s.evaluation["artifact"], path)
 
 
-def train(s, n, fix, sha, run=0, again=False, device=None):
-    """Run commit `sha` hermetically: a fresh export of its target files, train.py (sandboxed when available), the
-    separate evaluation, the guard's check of everything outside the run dir, through the device's backend (this
-    machine: backends.Local; a Ray slot: its RayBackend); its log is kept in logs/ and copied to <target>/run.log.
-    Logs "run" and "run_end". run: the run's index among the repeated runs of one commit (baseline runs,
-    confirmations); train.py gets AUTORESEARCH_SEED = seed_of(n, run) and a fixed AUTORESEARCH_THREADS. again: the
-    same run repeated (its throughput was off), logged apart. device: the harness.pool.Device it runs on; None: this
-    machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
-    name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-again" if again else "")
-    seed, run_dir = seed_of(n, run), s.home / "runs" / name
+def train(s, n, fix, sha, run=0, device=None, best=False):
+    """Run commit `sha` hermetically: a fresh export of its target files, the speed probe, train.py (sandboxed when
+    available), the probe again, the separate evaluation, the guard's check of everything outside the run dir,
+    through the device's backend (this machine: backends.Local; a Ray slot: its RayBackend); its log is kept in logs/
+    and copied to <target>/run.log. Logs "run" and "run_end". run: the run's index among the runs of one commit
+    (baseline runs, a candidate's further runs); train.py gets AUTORESEARCH_SEED = run_seed(s, n, run) and a fixed
+    AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
+    or the machine's speed changed): its artifact is not kept. device: the harness.pool.Device it runs on; None:
+    this machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
+    name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "")
+    seed, run_dir = run_seed(s, n, run), s.home / "runs" / name
     frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
     env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
            "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
@@ -103,37 +105,77 @@ def train(s, n, fix, sha, run=0, again=False, device=None):
             export_frozen(s, frozen_dir)
 
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, s.home / "logs" / f"{name}.log", env, s.metric,
-                s.timeout, s.budget if s.evaluation is not None else None, max_wall(s) if n else None,
-                s.evaluation, fresh_frozen, device)
+                s.timeout, s.budget if s.evaluation is not None else None, max_wall(s) if s.history else None,
+                s.evaluation, fresh_frozen, device, s.speed_probe)
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, s.target_rel, run_dir)
         spec.log.parent.mkdir(parents=True, exist_ok=True)
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
-        spec, RunWatch(s, spec))
+        spec, RunWatch(s, spec, best))
     with s.lock:
         if spec.log.exists():
             shutil.copyfile(spec.log, s.target / RUN_LOG)
+        if outcome.metric is not None:
+            s.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
+        if outcome.probe_problem and not s.probe_warned:
+            s.probe_warned = True
+            console.say(f"speed probe: none ({outcome.probe_problem}); the wall-time allowance and the comparison "
+                        "of conditions fall back to the rules without it")
         s.log("run_end", n=n, fix=fix, run=run, commit=sha[:7], returncode=outcome.returncode,
               timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
               kind=outcome.kind.value, metric=outcome.metric, own_metric=outcome.own_metric,
               eval_seconds=round(outcome.eval_seconds, 3), frozen_tampered=outcome.tampered, outside=outcome.outside,
               log=str(spec.log), log_tail=outcome.log_tail if outcome.metric is None else "",
-              device=device.name if device else None)
+              device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
+              probe_problem=outcome.probe_problem or None, best=best or None)
     return outcome
 
 
-def judge(s, n, fix, first, base_metric, base_tps, device=None):
-    """verdict.judge on this candidate's first run against the best it was built on, its further runs trained here
-    (on `device`), each logged: a throughput repeat as a "rerun" event. Safe in a worker thread. Returns a Verdict."""
-    def run_again(run, again):
-        if again:
-            s.log("rerun", n=n, reason=verdict.throughput_off(verdict.tokens_per_sec(first), base_tps))
-            s.status(n, "throughput off: running it again")
-        else:
-            s.status(n, f"confirmation run {run} of {s.rule.confirm}")
-        return train(s, n, fix, first.commit, run=run, again=again, device=device)
-    return verdict.judge(first, run_again, s.rule, base_metric, base_tps)
+def judge(s, n, fix, first, base, base_metric, device=None):
+    """The tag's rule on this candidate's first run against the best it was built on (commit `base`, its metric
+    base_metric), its further runs trained here (on `device`), each logged. The paired rule: verdict.judge_paired,
+    the best's run at each seed taken from s.measured, or run now (a "rerun_best" event) when there is none or the
+    candidate's speed probe differs from it (conditions.differ). The margin rule: verdict.judge against the best's
+    mean, or against the best re-run now at the candidate's seed when the probes differ. Safe in a worker thread.
+    Returns a Verdict."""
+    def run_again(run):
+        s.status(n, f"run {run + 1} of at most {1 + s.rule.confirm}" if s.rule.is_paired else
+                 f"confirmation run {run} of {s.rule.confirm}")
+        return train(s, n, fix, first.commit, run=run, device=device)
+
+    def best_at(run, outcome, then=None):
+        seed = run_seed(s, n, run)
+        with s.lock:
+            known = s.measured.get(base[:7], {}).get(seed)
+        if known is not None and not conditions.differ(outcome.probe_s, known[1]):
+            return known[0], False, ""
+        then = then or (known or (None, None))[1]
+        why = ("no run of the best at this seed yet" if then is None else
+               f"its probe {outcome.probe_s:.3f}s against the best's {then:.3f}s: the machine's speed changed")
+        s.log("rerun_best", n=n, run=run, seed=seed, best=base[:7], reason=why)
+        s.status(n, f"running the best at seed {seed} ({why.split(':')[-1].strip()})")
+        again = train(s, n, fix, base, run=run, device=device, best=True)
+        if again.metric is None:
+            return None, False, f"the best's run at seed {seed} failed ({again.reason}): judged on the runs before"
+        return again.metric, then is not None, ""
+
+    if s.rule.is_paired:
+        with s.lock:
+            pooled = verdict.pooled_of(s.rule, [(e["runs"], e.get("best_runs")) for e in s.history[1:]])
+        return verdict.judge_paired(first, run_again, s.rule, best_at, pooled)
+    if first.metric is not None and s.rule.confirm and conditions.differ(first.probe_s, then := best_probe(s, base)):
+        value, _, why = best_at(0, first, then)
+        if value is not None:
+            return dataclasses.replace(verdict.judge(first, run_again, s.rule, value), best=(value,), remeasured=1)
+    return verdict.judge(first, run_again, s.rule, base_metric)
+
+
+@locked
+def best_probe(s, base):
+    """The mean speed probe of the best's measured runs (None: none probed)."""
+    probes = [p for _, p in s.measured.get(base[:7], {}).values() if p]
+    return statistics.fmean(probes) if probes else None
 
 
 @dataclasses.dataclass
@@ -173,8 +215,9 @@ def record(s, result):
     artifacts of everything but the baseline and the best, and print one line. Returns the event."""
     r, outcome, status = result, result.outcome, result.judged.status
     idea = redact(r.description)
-    description = r.description if len(r.judged.runs) < 2 else \
-        f"{r.description} ({len(r.judged.runs)} runs{', one a throughput re-run' if r.judged.repeated else ''})"
+    description = r.description if len(r.judged.runs) < 2 else f"{r.description} ({len(r.judged.runs)} runs)"
+    if r.judged.remeasured:
+        description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
     if r.why:
         description = clean_description(f"{description} ({r.why})")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
@@ -189,8 +232,9 @@ def record(s, result):
                   base=r.base or s.best_commit, base_metric=r.base_metric if r.base else s.best_metric,
                   idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.wrap is not None,
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
-                  eval_seconds=round(outcome.eval_seconds, 3),
-                  noise_sd=r.noise_sd, **r.fields)
+                  eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
+                  best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
+                  gain=r.judged.gain, noise_sd=r.noise_sd, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
@@ -248,8 +292,8 @@ def keep(s, event):
 
 def record_baseline(s, outcomes, t0, spend0):
     """Experiment 0 from its runs (the unmodified train.py, --baseline-runs seeds): their mean is the first best,
-    their sd the noise floor (s.rule's). Raises Stop when a run crashed (nothing to improve on) or the cluster could
-    not run it."""
+    their sd the noise floor (s.rule's), the mean of their speed probes the conditions the wall-time allowance is
+    scaled from. Raises Stop when a run crashed (nothing to improve on) or the cluster could not run it."""
     for outcome in outcomes:
         if outcome.kind in (Kind.LOST, Kind.NODE):              # the cluster, not train.py
             raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
@@ -262,32 +306,49 @@ def record_baseline(s, outcomes, t0, spend0):
     runs = tuple(outcome.metric for outcome in outcomes)
     noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
     floor, floor_source = verdict.sd_floor(s.metric, runs, outcomes[-1].eval_summary, s.sd_floor_declared)
+    probes = [outcome.probe_s for outcome in outcomes if outcome.probe_s]
     judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
+    rule = s.rule
     record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd,
-                     fields=dict(confirm=s.rule.confirm, margin=s.rule.margin_flag,     # the tag's rule from now on
-                                 sd_floor=floor, floor_source=floor_source)))
+                     fields=dict(confirm=rule.confirm, margin=rule.margin_flag,     # the tag's rule from now on
+                                 verdict="paired" if rule.paired else "margin",
+                                 false_keep=rule.false_keep if rule.paired else None, seed_base=s.seed_base,
+                                 sd_floor=floor, floor_source=floor_source,
+                                 base_probe_s=statistics.fmean(probes) if probes else None)))
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
-    s.rule = verdict.rule_of(s.rule.goal, s.rule.confirm, s.rule.margin_flag, s.history[-1])
+    s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], paired=rule.paired,
+                             false_keep=rule.false_keep)
     if noise_sd is not None:
-        console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; a candidate must beat the "
-                    f"best by {s.rule.margin:.6f} ({s.rule.source})")
+        console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; " + (
+            f"candidates are paired with these seeds (false-keep rate {s.rule.false_keep:g})" if s.rule.is_paired
+            else f"a candidate must beat the best by {s.rule.margin:.6f} ({s.rule.source})"))
+    console.say(max_wall(s).words())
 
 
 def seed_of(n, run):
-    """The seed of run `run` of experiment n: distinct for every run of a tag, so that repeated runs measure the
-    spread that init and data order cause (the noise floor), and the same on a resume."""
+    """The seed of run `run` of experiment n under the margin rule: distinct for every run of a tag, so that repeated
+    runs measure the spread that init and data order cause (the noise floor), and the same on a resume."""
     return 1000 * n + run
 
 
+def run_seed(s, n, run):
+    """The seed of run `run` of experiment n: under the paired rule the tag's seed_base + run for every experiment
+    (the baseline's run r and each candidate's run r share init and data order: common random numbers), drawn at
+    random when the tag starts so that no train.py can be written for it; else seed_of(n, run)."""
+    if s.rule.is_paired and s.seed_base is not None:
+        return s.seed_base + run
+    return seed_of(n, run)
+
+
 def max_wall(s):
-    """Seconds of train.py wall time allowed: the budget plus an allowance for start-up, export and evaluation
-    measured on the baseline: 1.5 x (baseline wall time - budget) x K + 2 % of the budget + 5 s, where K is the
-    number of CPU workers sharing this machine (--devices cpu:K: K runs import and compile at once; else 1). None
-    before the baseline is measured."""
+    """The wall time train.py may take (a conditions.Allowance): the budget plus the baseline's measured overhead
+    (its wall time minus the budget) scaled by the speed probe, times K, the CPU workers sharing this machine
+    (--devices cpu:K: K runs import and compile at once; else 1). None before the baseline is measured."""
     if not s.history:
         return None
-    overhead = max(0.0, s.history[0]["train_seconds"] - s.budget)
-    return s.budget + 1.5 * overhead * (s.pool.cpu_workers if s.pool else 1) + 0.02 * s.budget + 5
+    base = s.history[0]
+    return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
+                                s.pool.cpu_workers if s.pool else 1)
 
 
 def holdout_line(s):

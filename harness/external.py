@@ -54,7 +54,7 @@ def try_one(s):
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
     sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed, fix_of=fix_of)
     outcome = experiment.train(s, n, fixes, sha)
-    judged = experiment.judge(s, n, fixes, outcome, s.best_metric, s.best_event.get("tokens_per_sec"))
+    judged = experiment.judge(s, n, fixes, outcome, s.best_commit, s.best_metric)
     result = experiment.Result(n, outcome, judged, description, time.monotonic() - t0, fixes=fixes,
                                fields=dict(fix_of=fix_of))
     event = experiment.record(s, result)
@@ -145,9 +145,16 @@ def verdict(s, event, result, synced=True):
     if len(runs) > 1:                   # the baseline's (result None): its seeds differ
         judged = result.judged if result is not None else Verdict("keep", tuple(runs))
         lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({judged.runs_words(s.metric)})"))
-    lines.append(("margin", f"{rule.margin:.6f} ({rule.source}): a candidate must beat the best by more"
-                            + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
-                               else "")))
+    if event.get("best_runs"):
+        lines.append(("best_runs", ", ".join(f"{m:.6f}" for m in event["best_runs"]) + " (the best's at the same "
+                      "seeds" + (", re-run now: the machine's speed changed)" if event.get("remeasured") else ")")))
+    if rule.is_paired:
+        lines.append(("noise", f"sd {rule.sd or 0:.6f} over {rule.noise_runs} baseline runs; false-keep rate "
+                               f"{rule.false_keep:g}"))
+    else:
+        lines.append(("margin", f"{rule.margin:.6f} ({rule.source}): a candidate must beat the best by more"
+                                + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
+                                   else "")))
     lines.append(("rule", rule.words(s.metric)))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{s.history[0]['metric']:.6f}"),

@@ -41,13 +41,12 @@ class Idea:
 @dataclasses.dataclass(frozen=True)
 class Job:
     """A candidate commit on a device: experiment n's fix number `fixes`, built on the best `base` (its metric and
-    tokens/s are what it is judged against)."""
+    its runs are what it is judged against)."""
     n: int
     idea: Idea
     commit: str
     base: str
     base_metric: float
-    base_tps: float | None
     fixes: int = 0
     cost: Spend = Spend()
     t0: float = dataclasses.field(default_factory=time.monotonic)   # when it was handed to its device
@@ -240,7 +239,7 @@ def split_ideas(answer):
 def job_for(s, n, idea):
     """Commit an idea as experiment n's candidate on top of the best and make its Job (a redone fix stays that fix,
     with its number and words)."""
-    job = Job(n, idea, "", s.best_commit, s.best_metric, s.best_event.get("tokens_per_sec"), idea.fixes, idea.cost,
+    job = Job(n, idea, "", s.best_commit, s.best_metric, idea.fixes, idea.cost,
               fix_of=idea.fix_of, fix_words=idea.fix_words)
     return dataclasses.replace(job, commit=experiment.commit(s, n, idea.source, job.texts[1], job.fixes,
                                                              fix_of=job.fix_of))

@@ -389,8 +389,9 @@ class TagState:
     input_tokens: int
     output_tokens: int
     stale_runs: list        # the "run" events of training runs started but not ended by the last invocation
-    rule: dict | None       # {confirm, margin} the tag's verdicts use: its baseline's (older tags: their first
-                            # start event's), None before the baseline is recorded (or not recorded at all)
+    rule: dict | None       # {confirm, margin, verdict, false_keep} the tag's verdicts use: its baseline's (older
+                            # tags: their first start event's; verdict "margin" before the paired rule), None
+                            # before the baseline is recorded (or not recorded at all)
 
 
 def tag_state(all_events, tag):
@@ -408,7 +409,10 @@ def tag_state(all_events, tag):
             elif e.get("pgid") is not None:
                 stale.append(e)
     ruled = [e for e in (history[:1] + [e for e in mine if e.get("event") == "start"]) if "confirm" in e]
-    rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin")} if history and ruled else None
+    rule = None
+    if history and ruled:
+        rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin"),
+                "verdict": ruled[0].get("verdict") or "margin", "false_keep": ruled[0].get("false_keep")}
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from harness import usage
+from harness import conditions, usage
 from harness.redact import clean_env, redact
 
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
@@ -58,7 +58,8 @@ class RunSpec:
     env: dict = dataclasses.field(default_factory=dict)   # added to the (secret-free) environment
     wrap: Callable = lambda argv: argv      # the sandbox: argv -> the argv that runs it confined
     budget: float | None = None             # the harness's budget: the summary's time_budget_s must equal it
-    max_wall: float | None = None           # seconds of train.py wall time allowed (budget + measured allowance)
+    max_wall: object = None                 # conditions.Allowance: train.py's wall time allowed (None: unchecked)
+    probe: Callable | None = None           # conditions.Probe: () -> (seconds | None, problem), before and after
     evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
@@ -108,6 +109,8 @@ class Outcome:
     kind: Kind = Kind.OK
     outside: list = dataclasses.field(default_factory=list)   # what the run changed outside its run dir (guard)
     eval_summary: dict = dataclasses.field(default_factory=dict)   # the separate evaluator's summary block
+    probe_s: float | None = None            # the speed probe's seconds around the run (harness.conditions)
+    probe_problem: str = ""                 # why a probe gave no number (the old rules apply), else ""
 
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
@@ -122,14 +125,18 @@ def run(spec):
     with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
+    before = spec.probe() if spec.probe else (None, "")
     rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
                                          spec.timeout, spec.on_start, spec.on_tick, peak=peak)
+    after = spec.probe() if spec.probe and not timed_out else (None, "")
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
     own, reported_gb, own_problem = read_metric(summary, spec.metric)
     outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
-                      reported_memory_gb=reported_gb)
+                      reported_memory_gb=reported_gb, probe_s=conditions.combine(before[0], after[0]),
+                      probe_problem=before[1] or after[1])
+    allowed = spec.max_wall.seconds(outcome.probe_s) if spec.max_wall is not None else None
     if tampered:
         outcome.fail(Kind.REJECTED, f"rejected: train.py modified {', '.join(tampered)}")
     elif timed_out:
@@ -140,10 +147,10 @@ def run(spec):
         outcome.fail(Kind.REJECTED, (
             f"rejected: the summary says time_budget_s {summary.get('time_budget_s', '(missing)')}, "
             f"the harness's budget is {spec.budget:g}"))
-    elif spec.max_wall is not None and seconds > spec.max_wall:
+    elif allowed is not None and seconds > allowed:
         outcome.fail(Kind.OVERTIME, (
-            f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and "
-            f"evaluation allowance ({spec.max_wall:.0f}s)"))
+            f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and evaluation "
+            f"allowance ({allowed:.0f}s{spec.max_wall.scaled_words(outcome.probe_s)})"))
     elif spec.evaluation is None:
         outcome.metric, outcome.reason = own, own_problem
         outcome.kind = Kind.OK if own is not None else Kind.CRASH

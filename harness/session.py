@@ -17,6 +17,7 @@ import difflib
 import functools
 import json
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -32,7 +33,7 @@ from harness.holdout import pinned_env
 from harness.proposers import Spend
 from harness.settings import Settings
 from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
-from harness.verdict import DEFAULT_CONFIRM, Rule, rule_of
+from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
 
 RUN_LOG = "run.log"
 KINDS = {kind.value: kind for kind in runner.Kind}
@@ -88,6 +89,12 @@ class Session:
     events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
     start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
     #                                     event (a `try` refused after open_session logs nothing)
+    seed_base: int | None = None        # the paired rule's seeds: run r of every experiment uses seed_base + r (drawn
+    #                                     at random when the tag starts, recorded with the baseline; None: 1000 n + r)
+    speed_probe: bool = False           # prepare.py declares SPEED_PROBE: `prepare.py --probe` times the device
+    probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
+    measured: dict = dataclasses.field(default_factory=dict)   # commit[:7] -> {seed: (metric, probe_s)}: every
+    #                                     run with a metric (the best's runs the paired rule pairs with)
 
     @property
     def best_event(self):
@@ -272,6 +279,7 @@ def open_session(settings):
     claim_home(s)
     frozen_side(s, all_events, constants)
     restore_outputs(s, all_events)
+    measured_runs(s, all_events)
     return s, constants
 
 
@@ -285,23 +293,41 @@ def new_session(settings, target, constants, state):
                 frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
                 smoke=budget != float(constants["TIME_BUDGET"]), sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
+                speed_probe=constants.get("SPEED_PROBE") is True,
                 timeout=settings.timeout or default_timeout(budget),
-                rule=rule_of(constants["METRIC_GOAL"], *tag_rule(settings, state), history[0] if history else None,
-                             settings.baseline_runs),
+                rule=rule_of(constants["METRIC_GOAL"], baseline=history[0] if history else None,
+                             runs=settings.baseline_runs, **tag_rule(settings, state)),
                 best_commit="", best_metric=kept[-1]["metric"] if kept else None,
                 baseline_metric=history[0]["metric"] if history else None, history=history,
                 home=gitops.harness_dir(repo, settings.tag),
                 spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
+    s.seed_base = history[0].get("seed_base") if history else secrets.randbelow(2**31)
     return s
 
 
 def tag_rule(settings, state):
-    """(confirm, margin flag) of the verdict rule: the tag's, once its baseline is recorded (one rule per tag, like
-    the budget: checks.one_rule refuses other explicit flags), else this invocation's flags or the defaults."""
+    """{confirm, margin, paired, false_keep} of the verdict rule: the tag's, once its baseline is recorded (one rule
+    per tag, like the budget: checks.one_rule refuses other explicit flags), else this invocation's flags or the
+    defaults: the paired rule (the margin rule when --margin is given)."""
     if state.rule is not None:
-        return state.rule["confirm"], state.rule["margin"]
-    return (DEFAULT_CONFIRM if settings.confirm is None else settings.confirm), settings.margin
+        rule = state.rule
+        return dict(confirm=rule["confirm"], margin=rule["margin"], paired=rule["verdict"] == "paired",
+                    false_keep=rule["false_keep"] or FALSE_KEEP)
+    paired = (settings.verdict or ("margin" if settings.margin is not None else "paired")) == "paired"
+    confirm = settings.confirm if settings.confirm is not None else PAIRED_CONFIRM if paired else DEFAULT_CONFIRM
+    return dict(confirm=confirm, margin=settings.margin, paired=paired, false_keep=settings.false_keep or FALSE_KEEP)
+
+
+def measured_runs(s, all_events):
+    """s.measured from the tag's "run_end" events: each run's metric and probe by commit and seed (a resumed paired
+    tag pairs with the best's runs measured before)."""
+    for e in all_events:
+        if e.get("tag") == s.settings.tag and e.get("event") == "run_end" and e.get("metric") is not None \
+                and e.get("seed") is not None:
+            s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
+    if s.best_event and s.best_commit != s.best_event["full_commit"]:     # adopted commits: train.py as measured
+        s.measured[s.best_commit[:7]] = s.measured.setdefault(s.best_event["full_commit"][:7], {})
 
 
 def recover_runs(s, stale_runs, all_events):
@@ -337,7 +363,8 @@ def place_branch(s):
     """Create the branch from HEAD, or find the best commit of a resumed one (moving the branch to it when a kill
     came between a keep's event and its move; adopting commits a human added on top)."""
     checks.branch_exists_for_history(s)
-    rule = dict(confirm=s.rule.confirm, margin=s.rule.margin_flag)
+    rule = dict(confirm=s.rule.confirm, margin=s.rule.margin_flag, verdict="paired" if s.rule.paired else "margin",
+                false_keep=s.rule.false_keep if s.rule.paired else None)
     if s.branch not in s.repo.heads:
         s.repo.create_head(s.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha

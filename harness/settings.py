@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.edits import clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S
-from harness.verdict import DEFAULT_CONFIRM
+from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM
 
 MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
 MAX_FIXES = 2                   # a crashed candidate goes back with the log tail for this many amended fixes
@@ -38,6 +38,8 @@ class Settings:
                                         # not given: the tag's, or verdict.DEFAULT_CONFIRM for a new tag)
     margin: float | None                # --margin in metric units (None: not given: the tag's, or
                                         # MARGIN_SDS x noise sd)
+    verdict: str | None                 # --verdict paired | margin (None: the tag's, or paired for a new tag)
+    false_keep: float | None            # --false-keep-rate of the paired rule (None: the tag's, or FALSE_KEEP)
     source: str | None                  # local files to prepare the data from when none is prepared
     proposer: str = "external"          # anthropic | openai | random | grid; "external" for `try`
     model: str | None = None            # the LLM model (its default filled in)
@@ -172,13 +174,21 @@ def add_common_flags(p):
     p.add_argument("--baseline-runs", type=number(1, int), default=3, metavar="K", help="run the baseline K times with "
                    "different seeds (AUTORESEARCH_SEED): their mean is the first best, their standard deviation the "
                    "noise floor (default 3)")
-    p.add_argument("--confirm", type=number(0, int), metavar="C", help="a candidate that beats the best by "
-                   "the margin is run C more times with other seeds and kept only if the mean of its runs still does "
-                   f"(default {DEFAULT_CONFIRM}; 0: the first run decides, strictly, as in karpathy's ratchet). Fixed "
-                   "for a tag when its baseline is recorded, like the budget")
-    p.add_argument("--margin", type=number(0), help="how much a candidate must beat the best by, in metric units "
-                   "(default: 2 x the noise sd measured by the baseline runs; 0, strictly better, with --confirm 0 "
-                   "or one baseline run). Fixed for a tag when its baseline is recorded")
+    p.add_argument("--confirm", type=number(0, int), metavar="C", help="runs a candidate may get after its first "
+                   f"(the paired rule: at most, default {PAIRED_CONFIRM}; the margin rule: a likely win's "
+                   f"confirmations, default {DEFAULT_CONFIRM}); 0: the first run decides, strictly, as in karpathy's "
+                   "ratchet. Fixed for a tag when its baseline is recorded, like the budget")
+    p.add_argument("--margin", type=number(0), help="the margin rule: how much a candidate must beat the best by, "
+                   "in metric units (default: 2 x the noise sd measured by the baseline runs; 0, strictly better, "
+                   "with --confirm 0 or one baseline run). Fixed for a tag when its baseline is recorded")
+    p.add_argument("--verdict", choices=("paired", "margin"), help="paired (the default for a new tag): each run of "
+                   "a candidate uses the seed of a run of the best and the candidate is judged on the differences, "
+                   f"with a sequential t-test of up to 1 + C runs (--confirm C, default {PAIRED_CONFIRM}); margin: its "
+                   "mean must beat the best's by --margin (default 2 noise sds), confirmed by C more runs (default "
+                   f"{DEFAULT_CONFIRM}). Fixed for a tag when its baseline is recorded")
+    p.add_argument("--false-keep-rate", type=rate, dest="false_keep", metavar="P", help="the paired rule: how often "
+                   f"an edit that changes nothing may be kept (above 0, below 0.5; default {FALSE_KEEP:g}: one per "
+                   f"{1 / FALSE_KEEP:.0f}). Fixed for a tag when its baseline is recorded")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 
@@ -198,8 +208,25 @@ def number(low, kind=float, above=False):
     return parse
 
 
+def rate(text):
+    """An argparse type: a false-keep rate, a number above 0 and below 0.5 (0 would keep nothing, 0.5 is a coin)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 0.5:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a rate above 0 and below 0.5 (e.g. 0.02: one kept no-op per "
+                                         "50; 0 would keep nothing, 0.5 is a coin toss)")
+    return value
+
+
 def check_common(p, args):
     """The shared flag the parser cannot check alone: a tag that makes a valid, short branch name."""
     tag = args.tag
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
         p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
+    if args.verdict == "paired" and args.margin is not None:
+        p.error("--margin is the margin rule's: use --verdict margin with it (the paired rule has no margin: "
+                "--false-keep-rate sets how sure it must be)")
+    if args.verdict == "margin" and args.false_keep is not None:
+        p.error("--false-keep-rate is the paired rule's: leave it out with --verdict margin (its --margin decides)")

@@ -1,7 +1,8 @@
 """
 HARNESS: the verdict rule, the one place it exists. Keep, discard or crash for a candidate's measured runs: a Rule
-(the goal, the margin, the number of confirmation runs) and judge(), which asks for further runs through a callable
-and never changes an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict block and
+(the goal, the margin, the number of confirmation runs, paired or not) and judge() (the margin rule) or
+judge_paired() (the paired sequential rule), which ask for further runs (and the best's, at the same seeds) through
+callables and never change an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict block and
 report.py, so none of them can say it otherwise. Pure: no git, no files, no processes.
 """
 
@@ -9,21 +10,61 @@ import dataclasses
 import math
 import statistics
 
-THROUGHPUT_SHARE = 0.25     # a first run whose tokens/s is this far from the best's is run again before judging
-MARGIN_SDS = 2              # the default margin: this many noise sds (the baseline's runs' spread)
-DEFAULT_CONFIRM = 1         # confirmation runs of a likely win, unless --confirm says otherwise
+from harness import conditions
+
+MARGIN_SDS = 2              # the margin rule's default margin: this many noise sds (the baseline's runs' spread)
+DEFAULT_CONFIRM = 1         # the margin rule: confirmation runs of a likely win, unless --confirm says otherwise
+PAIRED_CONFIRM = 3          # the paired rule: up to this many runs after the first (a cap of 4), unless --confirm
+FALSE_KEEP = 0.02           # the paired rule's false-keep rate: at most 1 kept no-op per 50 (--false-keep-rate)
+PAIRED_FLOOR_SDS = 0.01     # the least sd of paired differences assumed: this share of the noise sd (or the floor)
+PRINT_FLOOR = 1e-6          # ... and never below the summary's printed precision (6 decimals)
+PRIOR_DF = 1                # the paired sd's prior (2 x the noise sd^2: no correlation) weighs this many df at most
+FIRST_LOOK = 1.25           # the paired rule goes on after a first run that beats the best's by this many paired sds
+LEARN_DF = 4                # ... or by anything, while the tag's pooled paired differences have fewer degrees of
+#                             freedom than this: its first candidates teach the rule how much pairing removes
 # Runs of one candidate with other seeds that agree within this share of the noise sd repeat one draw: train.py
 # ignores AUTORESEARCH_SEED, so no run confirms another. Two honest runs (difference ~ N(0, 2 sd^2)) land this close
 # 0.56 % of the time; a seed-ignoring run on a GPU differs only by kernel nondeterminism, far less than 1 % of an sd.
 SAME_DRAW_SDS = 0.01
 
 
+def t_cdf(t, df):
+    """P(T <= t) for Student's t with an integer df >= 1, in closed form (Abramowitz & Stegun 26.7.3 for odd df,
+    26.7.4 for even df: the series in cos(theta), theta = atan(t / sqrt(df)))."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if df % 2:
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inside = (2 / math.pi) * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    else:
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = math.sin(theta) * total
+    return 0.5 + inside / 2 if t >= 0 else 0.5 - inside / 2
+
+
+def t_quantile(p, df):
+    """The t with P(T <= t) = p (0.5 < p < 1) for Student's t with integer df, by bisection on t_cdf (1e-9)."""
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    while hi - lo > 1e-9 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """The tag's verdict rule. goal: "min" or "max"; confirm: further runs (other seeds) a likely win gets before it
-    is kept (0: the first run decides, karpathy's strict ratchet); margin_flag: --margin in metric units (None:
-    MARGIN_SDS x noise_sd when confirming, else 0); noise_sd: the spread of the baseline's runs (None: not measured,
-    one run); noise_runs: how many baseline runs measure it (before the baseline is measured: how many will)."""
+    """The tag's verdict rule. goal: "min" or "max"; confirm: further runs a likely win gets (0: the first run
+    decides, karpathy's strict ratchet); margin_flag: --margin in metric units (None: MARGIN_SDS x noise_sd when
+    confirming, else 0); noise_sd: the spread of the baseline's runs (None: not measured, one run); noise_runs: how
+    many baseline runs measure it (before the baseline is measured: how many will); paired: judged on the differences
+    to the best's runs at the same seeds (judge_paired; confirm is then the most runs after the first) rather than on
+    the mean against the margin (judge); false_keep: the paired rule's false-keep rate for a no-op."""
     goal: str
     confirm: int = 1
     margin_flag: float | None = None
@@ -31,6 +72,18 @@ class Rule:
     noise_runs: int = 1
     sd_floor: float = 0.0       # the least noise sd assumed (see sd_floor()): identical baseline runs give sd 0
     floor_source: str = ""      # where sd_floor comes from, in words
+    paired: bool = False
+    false_keep: float = FALSE_KEEP
+
+    @property
+    def is_paired(self):
+        """Whether judge_paired decides: the paired rule with confirmation runs (the strict ratchet never pairs)."""
+        return self.paired and self.confirm > 0
+
+    @property
+    def name(self):
+        """The rule's name, as the baseline event records it: "paired", "margin" or "strict"."""
+        return "paired" if self.is_paired else "margin" if self.confirm > 0 else "strict"
 
     @property
     def sd(self):
@@ -40,8 +93,21 @@ class Rule:
         return max(self.noise_sd or 0.0, self.sd_floor)
 
     @property
+    def pair_floor(self):
+        """The least sd of paired differences assumed (runs that agree exactly would make any gain certain): the
+        noise floor (sd_floor), else PAIRED_FLOOR_SDS x the noise sd, never below PRINT_FLOOR."""
+        return max(self.sd_floor, PAIRED_FLOOR_SDS * (self.noise_sd or 0.0), PRINT_FLOOR)
+
+    def threshold(self, df):
+        """The t a paired mean difference over its standard error must exceed to be kept, with df degrees of freedom
+        (paired_sd's): the one-sided Student t quantile at false_keep / confirm (the rate split over the confirm looks
+        after runs 2.., Bonferroni: a no-op is kept at most false_keep of the time whichever look keeps it)."""
+        return t_quantile(1 - self.false_keep / self.confirm, df)
+
+    @property
     def margin(self):
-        """How much a candidate must beat the best by, in metric units (0.0: strictly better)."""
+        """How much a candidate must beat the best by, in metric units (0.0: strictly better). The paired rule
+        judges differences, not a margin: this is then what the prompt calls a near miss."""
         if self.margin_flag is not None:
             return self.margin_flag
         return MARGIN_SDS * self.sd if self.sd and self.confirm > 0 else 0.0
@@ -74,8 +140,48 @@ class Rule:
         """A discard within the margin of the best it was judged against: an idea worth combining with another."""
         return self.margin > 0 and abs(metric - base) <= self.margin
 
+    def paired_sd(self, diffs, pooled=(0.0, 0)):
+        """(the sd of one paired difference, its degrees of freedom): a scaled-inverse-chi-squared estimate whose
+        prior is the unpaired 2 x sd^2 (no correlation assumed) worth noise_runs - 1 degrees of freedom (the
+        baseline's), updated with the squared deviations of this tag's earlier paired verdicts around their means
+        (pooled: (sum, degrees of freedom)) and of these diffs; at least pair_floor."""
+        squares, df = pooled
+        if len(diffs) > 1:
+            squares, df = squares + (len(diffs) - 1) * statistics.variance(diffs), df + len(diffs) - 1
+        prior_df = min(PRIOR_DF, max(self.noise_runs - 1, 0)) if self.sd else 0
+        if prior_df + df == 0:
+            return None, 0
+        var = (prior_df * 2 * (self.sd or 0.0) ** 2 + squares) / (prior_df + df)
+        return max(math.sqrt(var), self.pair_floor), prior_df + df
+
+    def step(self, diffs, pooled=(0.0, 0)):
+        """The paired rule's decision after len(diffs) runs (diffs: gain of each run over the best's run at its
+        seed; pooled: paired_sd's): after the first run, "discard" unless it beats the best's run (by more than
+        FIRST_LOOK paired sds once the tag has pooled LEARN_DF degrees of freedom: a no-op then goes on 11 % of the
+        time); later, "keep" when the mean over its standard
+        error exceeds threshold(), "discard" when the mean is not above 0 or at the cap, else None: one more run."""
+        mean = statistics.fmean(diffs)
+        sd, df = self.paired_sd(diffs, pooled)
+        if mean <= 0 or sd is None and len(diffs) < 2:
+            return "discard" if mean <= 0 else None
+        if len(diffs) < 2:
+            return None if sd is None or pooled[1] < LEARN_DF or mean > FIRST_LOOK * sd else "discard"
+        if mean / (sd / math.sqrt(len(diffs))) > self.threshold(df):
+            return "keep"
+        return "discard" if len(diffs) >= 1 + self.confirm else None
+
     def words(self, metric="the metric"):
         """The rule in one paragraph, as the system prompt, `agent.py try` and report.py state it."""
+        if self.is_paired:
+            return (f"Results carry noise (the seed of init and data order changes from run to run), so each run of "
+                    f"an edit uses the seed of a run of the best and the edit is judged on the differences: kept "
+                    f"when their mean beats 0 by more than a one-sided t-test at a false-keep rate of "
+                    f"{self.false_keep:.0%} allows (after 2 to {1 + self.confirm} runs; it stops after the first "
+                    f"run when that run is not better than the best's at the same seed, and whenever the mean "
+                    f"difference is not better); otherwise it is reverted. The best is run again at a seed when "
+                    f"the harness's speed probe says the machine's speed changed by more than "
+                    f"{conditions.SHARE:.0%} since. An edit whose runs with other seeds repeat one result ignores "
+                    f"AUTORESEARCH_SEED and is not kept.")
         if self.margin_flag is not None:
             margin = f"a margin of {self.margin_flag:g} (--margin)"
         elif self.noise_aware:
@@ -89,40 +195,52 @@ class Rule:
         runs = "a second run with another seed" if self.confirm == 1 else f"{self.confirm} more runs with other seeds"
         return (f"Results carry noise (the seed of init and data order changes from run to run): an edit is kept "
                 f"only if its run {better}, confirmed by {runs} (the mean of all its runs must still beat it); "
-                f"otherwise it is reverted. A first run whose tokens/s is more than {THROUGHPUT_SHARE:.0%} off the "
-                "best's is run again before it is judged, and both runs count. An edit whose runs with other seeds "
-                "repeat one result ignores AUTORESEARCH_SEED and is not kept.")
+                f"otherwise it is reverted. The best is run again first when the harness's speed probe says the "
+                f"machine's speed changed by more than {conditions.SHARE:.0%} since it was measured, and the edit "
+                "is judged against that run. An edit whose runs with other seeds repeat one result ignores "
+                "AUTORESEARCH_SEED and is not kept.")
 
 
-def rule_of(goal, confirm, margin, baseline=None, runs=1):
-    """The Rule of a tag judged with --confirm `confirm` and --margin `margin` whose baseline's "experiment" event is
-    `baseline` (its noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it.
-    agent.py and report.py build a tag's rule here."""
+def rule_of(goal, confirm, margin, baseline=None, runs=1, paired=False, false_keep=FALSE_KEEP):
+    """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the paired rule or not and its
+    false-keep rate (the tag's: ledger.TagState.rule), whose baseline's "experiment" event is `baseline` (its
+    noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it. agent.py and
+    report.py build a tag's rule here."""
     if baseline is None:
-        return Rule(goal, confirm, margin, None, runs)
+        return Rule(goal, confirm, margin, None, runs, paired=paired, false_keep=false_keep)
     return Rule(goal, confirm, margin, baseline.get("noise_sd"), len(baseline.get("runs") or [0]),
-                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "")
+                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "", paired, false_keep)
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What judge() decided. status: keep | discard | crash; runs: the metrics of every run that counted, first run
-    first; metric: their mean (None: a crash); reason: why it crashed when its first run had a metric (a repeat or
-    a confirmation crashed; or why a discard that beat the margin was not kept), else ""; failed: that run's Outcome
-    (its log tail and kind), else None."""
+    """What judge() or judge_paired() decided. status: keep | discard | crash; runs: the metrics of every run that
+    counted, first run first; metric: their mean (None: a crash); reason: why it crashed when its first run had a
+    metric (a further run crashed; or why it was not kept although it looked better), else ""; failed: that run's
+    Outcome (its log tail and kind), else None; best: the best's metric at each run's seed (paired), or the best's
+    re-measured metric it was judged against (one value), else (); remeasured: how many of those the harness
+    measured anew (the conditions differed); t: the paired mean difference over its standard error (None: unpaired)."""
     status: str
     runs: tuple = ()
     metric: float | None = None
     reason: str = ""
     failed: object = None
-    repeated: bool = False      # runs[1] is runs[0] again with the same seed (its tokens/s was off), not a new seed
+    best: tuple = ()
+    remeasured: int = 0
+    t: float | None = None
+    gain: float | None = None   # the paired mean difference (positive: better than the best at the same seeds)
 
     def runs_words(self, metric):
-        """What its runs were, for `try`'s runs: line and the row: "seeds differ" or the throughput re-run."""
-        if not self.repeated:
-            return f"seeds differ; {metric} is their mean"
-        rest = "; the others: other seeds" if len(self.runs) > 2 else ""
-        return f"run 2 re-ran run 1 with the same seed, its tokens/s was off{rest}; {metric} is their mean"
+        """What its runs were, for `try`'s runs: line and the row's note."""
+        again = (f"; the best re-run for {self.remeasured} of them, the machine's speed had changed"
+                 if self.remeasured else "")
+        if self.gain is not None:
+            t = f", t {self.t:.1f}" if self.t is not None else ""
+            return (f"paired with the best's runs at the same seeds, mean gain {self.gain:+.6f}{t}{again}; {metric} "
+                    "is the mean of its runs")
+        if self.remeasured:
+            return f"judged against the best re-run now ({self.best[0]:.6f}), the machine's speed had changed"
+        return f"seeds differ; {metric} is their mean"
 
 
 def sd_floor(metric, runs, eval_summary, declared=None):
@@ -145,55 +263,97 @@ def sd_floor(metric, runs, eval_summary, declared=None):
 
 
 def tokens_per_sec(outcome):
-    """The training throughput train.py's summary states (`tokens_per_sec:`), or None."""
+    """The training throughput train.py's summary states (`tokens_per_sec:`), or None (information only)."""
     try:
         return float(outcome.summary["tokens_per_sec"])
     except (KeyError, ValueError):
         return None
 
 
-def judge(first, run_again, rule, best_metric, best_tps=None):
-    """The verdict on a candidate whose first run is `first` (a runner Outcome), against the best it was built on
-    (best_metric, and its tokens/s best_tps).
+def pooled_of(rule, verdicts):
+    """(sum of squared deviations, degrees of freedom) of paired differences over earlier verdicts, each (runs, best)
+    of the same metric: what Rule.paired_sd pools (a verdict of one run adds nothing)."""
+    squares, df = 0.0, 0
+    for runs, best in verdicts:
+        diffs = [rule.gain(m, b) for m, b in zip(runs or (), best or ())]
+        if len(diffs) > 1:
+            squares, df = squares + (len(diffs) - 1) * statistics.variance(diffs), df + len(diffs) - 1
+    return squares, df
+
+
+def seed_ignored(rule, runs):
+    """Why runs of one candidate with different seeds are one draw (train.py ignores AUTORESEARCH_SEED), or "":
+    all its later runs within SAME_DRAW_SDS noise sd of its first while the baseline's seeds spread."""
+    if len(runs) > 1 and rule.noise_sd and all(abs(m - runs[0]) <= SAME_DRAW_SDS * rule.noise_sd for m in runs[1:]):
+        return ("its runs with other seeds repeat one result: train.py ignores AUTORESEARCH_SEED, so they are one "
+                "draw, unpaired and unconfirmed (use the seed)")
+    return ""
+
+
+def judge(first, run_again, rule, best_metric):
+    """The margin rule's verdict on a candidate whose first run is `first` (a runner Outcome), against best_metric
+    (the mean of the best's runs, or the best re-run under the candidate's conditions: harness.experiment).
 
     - no metric: crash.
-    - With confirmation (rule.confirm > 0), a first run whose tokens/s is more than THROUGHPUT_SHARE away from the
-      best's is run again first (a busy or throttled device, or a model of another speed), and both runs count:
-      train.py prints its own tokens/s, so a repeat it asks for must never replace an unlucky first run.
-    - discard when the mean does not beat the best by the margin; otherwise rule.confirm more runs with other seeds,
-      kept only if the mean of all its runs still beats it. A repeat or confirmation that crashes makes a crash.
-    - discard when its confirmations repeat its first run (within SAME_DRAW_SDS noise sd while the baseline's seeds
-      spread): train.py ignores its seed, so a lucky draw would pass for a confirmed one.
+    - discard when the first run does not beat the best by the margin; otherwise rule.confirm more runs with other
+      seeds, kept only if the mean of all its runs still beats it. A confirmation that crashes makes a crash.
+    - discard when its confirmations repeat its first run (seed_ignored): a lucky draw would pass for a confirmed one.
 
-    run_again(run, again) -> Outcome: run the candidate once more; run is the confirmation's index (1..confirm), or 0
-    with again=True for the throughput repeat. Returns a Verdict."""
+    run_again(run) -> Outcome: run the candidate once more (run: the confirmation's index, 1..confirm). Returns a
+    Verdict."""
     if first.metric is None:
         return Verdict("crash")
     runs = [first.metric]
-    tps = tokens_per_sec(first)
-    if rule.confirm and tps and best_tps and abs(tps / best_tps - 1) > THROUGHPUT_SHARE:
-        repeat = run_again(0, True)
-        if repeat.metric is None:
-            return Verdict("crash", (), None, f"its repeat crashed: {repeat.reason}", repeat)
-        runs.append(repeat.metric)
-    repeated = len(runs) > 1
-    if not rule.beats(statistics.fmean(runs), best_metric):
-        return Verdict("discard", tuple(runs), statistics.fmean(runs), repeated=repeated)
+    if not rule.beats(first.metric, best_metric):
+        return Verdict("discard", tuple(runs), first.metric)
     for run in range(1, rule.confirm + 1):
-        confirmation = run_again(run, False)
+        confirmation = run_again(run)
         if confirmation.metric is None:
             return Verdict("crash", tuple(runs), None, f"confirmation run {run + 1} crashed: {confirmation.reason}",
-                           confirmation, repeated)
+                           confirmation)
         runs.append(confirmation.metric)
     mean = statistics.fmean(runs)
-    confirmations = runs[len(runs) - rule.confirm:]
-    if rule.noise_sd and all(abs(m - first.metric) <= SAME_DRAW_SDS * rule.noise_sd for m in confirmations):
-        return Verdict("discard", tuple(runs), mean, "its runs with other seeds repeat one result: train.py ignores "
-                       "AUTORESEARCH_SEED, so no run can confirm another (use the seed)", repeated=repeated)
-    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean, repeated=repeated)
+    if why := seed_ignored(rule, runs):
+        return Verdict("discard", tuple(runs), mean, why)
+    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean)
 
 
-def throughput_off(tps, best_tps):
-    """The reason logged with a throughput repeat."""
-    return (f"tokens/s {tps:.0f} differs from the best's {best_tps:.0f} by more than {THROUGHPUT_SHARE:.0%}: run "
-            "again before it is judged")
+def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
+    """The paired rule's verdict on a candidate whose first run is `first` (a runner Outcome): run r of it uses the
+    seed of the best's run r (common random numbers: the same init and data order, so most of the noise cancels in
+    the difference), and Rule.step decides after each run on the differences (sequential, 1 + rule.confirm runs at
+    most). A run that crashes makes a crash; runs that repeat one draw (seed_ignored) are discarded.
+
+    run_again(run) -> Outcome: the candidate's run `run` (1..confirm). best_at(run, outcome) -> (metric | None,
+    remeasured, reason): the best's metric at run's seed under the conditions of the candidate's `outcome` (its
+    recorded run, or run anew when the conditions differ); None (why in reason) when the best could not be run:
+    judged on the pairs so far. pooled: (sum of squared deviations, degrees of freedom) of this tag's earlier paired
+    verdicts (pooled_of), which sharpen the paired sd. Returns a Verdict (t: the last t statistic)."""
+    if first.metric is None:
+        return Verdict("crash")
+    runs, best, remeasured, outcome, decision, why = [], [], 0, first, None, ""
+    for run in range(1 + rule.confirm):
+        if run:
+            outcome = run_again(run)
+            if outcome.metric is None:
+                return Verdict("crash", tuple(runs), None, f"run {run + 1} crashed: {outcome.reason}", outcome,
+                               tuple(best), remeasured)
+        value, fresh, why = best_at(run, outcome)
+        if value is None:
+            break
+        runs.append(outcome.metric)
+        best.append(value)
+        remeasured += bool(fresh)
+        decision = rule.step([rule.gain(m, b) for m, b in zip(runs, best)], pooled)
+        if decision or seed_ignored(rule, runs):
+            break
+    if not runs:
+        return Verdict("discard", (first.metric,), first.metric, why)
+    diffs = [rule.gain(m, b) for m, b in zip(runs, best)]
+    sd, _ = rule.paired_sd(diffs, pooled)
+    t = statistics.fmean(diffs) / (sd / math.sqrt(len(diffs))) if sd else None
+    mean, paired = statistics.fmean(runs), dict(best=tuple(best), remeasured=remeasured, t=t,
+                                                gain=statistics.fmean(diffs))
+    if seed_why := seed_ignored(rule, runs):
+        return Verdict("discard", tuple(runs), mean, seed_why, **paired)
+    return Verdict(decision or "discard", tuple(runs), mean, "" if decision else why, **paired)

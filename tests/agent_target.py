@@ -7,7 +7,8 @@ it prints peak_vram_mb = DEPTH*256, which the records ignore: the harness measur
 memory_gb 0.0). Its "model artifact" is a JSON file of LR and DEPTH, which the separate
 evaluator scores with the same formula (0.5 less when the artifact carries the evaluator-only file
 $AUTORESEARCH_CACHE/val.txt: a model that memorised the evaluation data). For a maximising target the printed
-metric is 3 - val_bpb.
+metric is 3 - val_bpb. Its speed probe (--probe) prints 0.01 s times the factor in $AUTORESEARCH_CACHE/slow (1 when
+absent): the machine's speed is the test's to set.
 """
 
 import git
@@ -28,6 +29,7 @@ METRIC_GOAL = "{goal}"
 METRIC_TOLERANCE = 1e-6
 TIME_BUDGET = 1
 PREFLIGHT = False
+SPEED_PROBE = True
 
 
 def score(lr, depth, memorized=None):
@@ -53,6 +55,9 @@ if __name__ == "__main__":
             sys.exit(1)
     elif "--frozen-inputs" in sys.argv:
         print(json.dumps(frozen_inputs()))
+    elif "--probe" in sys.argv:            # the machine's speed, as the test sets it: $AUTORESEARCH_CACHE/slow
+        slow = Path(os.environ["AUTORESEARCH_CACHE"]) / "slow"
+        print(f"probe_s: {{0.01 * (float(slow.read_text()) if slow.exists() else 1.0):.6f}}")
     elif "--evaluate" in sys.argv:
         model = json.loads(Path(sys.argv[sys.argv.index("--evaluate") + 1]).read_text())
         print("---")
@@ -96,8 +101,9 @@ print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 
 
 NOISY_TRAIN = '''"""MUTABLE: test stand-in whose val_bpb is 1.0 - gain + Gaussian noise of sd 0.01 seeded by AUTORESEARCH_SEED
-(what a different init and data order do to a real run). Its 30 constants change nothing: a random proposal is a
-no-op, and there are 120 different ones."""
+(what a different init and data order do to a real run): rho of it the seed's alone, the rest drawn anew for each
+value of the 30 constants. They change nothing else: a random proposal is a no-op, and there are 120 different
+ones."""
 import json
 import os
 import random
@@ -134,8 +140,13 @@ C28 = 3.8
 C29 = 3.9
 gain = 0.0
 salt = {salt}                                     # another salt: another draw of the noise (an independent universe)
+rho = {rho}                                       # the share of the noise the seed decides; the rest is the code's
+code = repr([v for k, v in sorted(globals().items()) if k[:1] == "C" and k[1:].isdigit()])
 
-noise = random.Random(f"{{salt}}:{{os.environ.get('AUTORESEARCH_SEED', '0')}}").gauss(0.0, 0.01)
+noise = random.Random(f"{{salt}}:{{os.environ.get('AUTORESEARCH_SEED', '0')}}").gauss(0.0, 0.01) * rho
+if rho < 1:                                       # a code change redraws this part at every seed
+    noise += random.Random(f"{{salt}}:{{os.environ.get('AUTORESEARCH_SEED', '0')}}:{{code}}").gauss(0.0, 0.01) * (
+        1 - rho * rho) ** 0.5
 offset = -gain + noise - 0.008                   # the evaluator scores LR 0.05, DEPTH 8 as 1.008
 with open(os.environ["AUTORESEARCH_ARTIFACT"], "w") as f:
     json.dump({{"LR": 0.05, "DEPTH": 8, "offset": offset}}, f)
@@ -147,22 +158,25 @@ print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 NOISE_SD = 0.01
 
 
-def noisy_metric(salt, seed, gain=0.0):
-    """The val_bpb the stand-in evaluator prints for a run of NOISY_TRAIN with this salt, AUTORESEARCH_SEED=seed and
-    gain, reproduced in-process: train.py's draw of the noise and its offset, the evaluator's score of LR 0.05,
-    DEPTH 8 plus that offset, printed with 6 decimals (tests/test_noise.py checks it against real runs)."""
+def noisy_metric(salt, seed, gain=0.0, rho=1.0, code=""):
+    """The val_bpb the stand-in evaluator prints for a run of NOISY_TRAIN with this salt, AUTORESEARCH_SEED=seed,
+    gain, rho and code (its constants' repr), reproduced in-process: train.py's draw of the noise and its offset, the
+    evaluator's score of LR 0.05, DEPTH 8 plus that offset, printed with 6 decimals (tests/test_noise.py checks it
+    against real runs). rho 1: the seed alone decides the noise (any edit of the same gain has the same draws)."""
     import random
-    noise = random.Random(f"{salt}:{seed}").gauss(0.0, NOISE_SD)
+    noise = random.Random(f"{salt}:{seed}").gauss(0.0, NOISE_SD) * rho
+    if rho < 1:
+        noise += random.Random(f"{salt}:{seed}:{code}").gauss(0.0, NOISE_SD) * (1 - rho * rho) ** 0.5
     offset = -gain + noise - 0.008
     value = 1.0 + abs(0.05 - 0.05) * 10 + 8 / 1000 + offset
     return float(f"{value + 0.0:.6f}")
 
 
-def make_noisy_target(root, salt=0):
-    """make_target with NOISY_TRAIN as train.py (committed on main), its noise drawn with this salt; returns the
-    target dir."""
+def make_noisy_target(root, salt=0, rho=1.0):
+    """make_target with NOISY_TRAIN as train.py (committed on main), its noise drawn with this salt and rho; returns
+    the target dir."""
     target = make_target(root)
-    (target / "train.py").write_text(NOISY_TRAIN.format(salt=salt))
+    (target / "train.py").write_text(NOISY_TRAIN.format(salt=salt, rho=rho))
     repo = git.Repo(root)
     repo.git.commit("-qam", "noisy train.py")
     return target

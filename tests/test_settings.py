@@ -22,6 +22,17 @@ TRY = ["try", "--tag", "t", "--baseline"]
     (TRY + ["--margin", "nan"], "argument --margin: 'nan': use a finite number of at least 0"),
     (TRY + ["--confirm", "-1"], "argument --confirm: '-1': use a finite number of at least 0"),
     (TRY + ["--timeout", "1e999"], "argument --timeout: '1e999': use a finite number above 0"),
+    (LOOP + ["--false-keep-rate", "0"], "argument --false-keep-rate: '0': use a rate above 0 and below 0.5 (e.g. "
+                                        "0.02: one kept no-op per 50; 0 would keep nothing, 0.5 is a coin toss)"),
+    (TRY + ["--false-keep-rate", "0.5"], "argument --false-keep-rate: '0.5': use a rate above 0 and below 0.5 (e.g. "
+                                         "0.02: one kept no-op per 50; 0 would keep nothing, 0.5 is a coin toss)"),
+    (LOOP + ["--false-keep-rate", "nan"], "argument --false-keep-rate: 'nan': use a rate above 0 and below 0.5 (e.g. "
+                                          "0.02: one kept no-op per 50; 0 would keep nothing, 0.5 is a coin toss)"),
+    (LOOP + ["--verdict", "paired", "--margin", "0.1"], "--margin is the margin rule's: use --verdict margin with it "
+                                                        "(the paired rule has no margin: --false-keep-rate sets how "
+                                                        "sure it must be)"),
+    (TRY + ["--verdict", "margin", "--false-keep-rate", "0.1"], "--false-keep-rate is the paired rule's: leave it out "
+                                                                "with --verdict margin (its --margin decides)"),
 ])
 def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -35,3 +46,5 @@ def test_numbers_in_range_are_parsed():
     assert (s.timeout, s.hours, s.max_experiments, s.retry_base_delay, s.margin, s.confirm, s.baseline_runs) == \
         (30.0, 0.5, 0, 0.25, 0.0, 0, 2)
     assert type(s.max_experiments) is int and type(s.baseline_runs) is int
+    assert (parse(LOOP + ["--false-keep-rate", "0.1"]).false_keep, parse(TRY).false_keep, parse(TRY).verdict) == \
+        (0.1, None, None)

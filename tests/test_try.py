@@ -359,14 +359,17 @@ def test_a_near_miss_is_named_and_the_background_log_is_ignored(target, capsys):
 
 
 def test_one_rule_per_tag_fixed_when_the_baseline_is_recorded(target, capsys):
-    """--confirm and --margin are the tag's once its baseline is recorded (like the budget): other explicit values are
+    """--verdict, --confirm, --margin, --false-keep-rate are the tag's once its baseline is recorded (like the budget):
+    other explicit values are
     refused with the tag's named, nothing run; leaving them out resumes with the tag's rule, in `try` and the loop."""
     assert agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", "--baseline-runs", "1",
                        "--confirm", "0", "--margin", "0.05", "--baseline"]) == 0
     capsys.readouterr()
     set_lr(target, 0.041)                                                    # -0.01: not beyond the 0.05 margin
     for flags, words in ((["--margin", "0.001"], "--margin 0.001 (the tag's: 0.05)"),
-                         (["--confirm", "1"], "--confirm 1 (the tag's: 0)")):
+                         (["--confirm", "1"], "--confirm 1 (the tag's: 0)"),
+                         (["--verdict", "paired"], "--verdict paired (the tag's: margin)"),
+                         (["--false-keep-rate", "0.01"], "--false-keep-rate 0.01 (the tag's: none: --margin)")):
         assert agent.main(["try", "--tag", "t", "--target", str(target), "--timeout", "20", "-m", "LR 0.041",
                            *flags]) == 2
         err = capsys.readouterr().err

@@ -7,7 +7,7 @@ import pytest
 
 from harness import verdict
 from harness.runner import Kind, Outcome
-from harness.verdict import Rule, judge
+from harness.verdict import Rule, judge, judge_paired
 
 
 def run(metric, tps=None, reason="", kind=Kind.OK):
@@ -18,14 +18,27 @@ def run(metric, tps=None, reason="", kind=Kind.OK):
 
 
 class Runs:
-    """run_again for judge(): hands out these Outcomes in order and records each call's (run, again)."""
+    """run_again for judge(): hands out these Outcomes in order and records each call's run index."""
 
     def __init__(self, *outcomes):
         self.outcomes, self.calls = list(outcomes), []
 
-    def __call__(self, run, again):
-        self.calls.append((run, again))
+    def __call__(self, run):
+        self.calls.append(run)
         return self.outcomes.pop(0)
+
+
+class Best:
+    """best_at for judge_paired(): the best's metric at each run's seed (None: it could not be run), the runs
+    marked re-measured, and each call's run index."""
+
+    def __init__(self, values, remeasured=()):
+        self.values, self.remeasured, self.calls = values, remeasured, []
+
+    def __call__(self, run, outcome):
+        self.calls.append(run)
+        value = self.values[run]
+        return value, run in self.remeasured, "" if value is not None else "the best's run failed"
 
 # ---------------------------------------------------------------------------
 # The margin
@@ -124,7 +137,7 @@ def test_a_first_run_that_does_not_beat_the_margin_is_discarded_without_confirma
 def test_a_confirmation_that_repeats_the_first_run_is_a_seed_ignored_not_a_confirmed_win():
     """A train.py that pins its seed (or folds it) draws once: 1.25 twice beats the margin 0.5 by a lucky single draw.
     Discarded with the reason; within 1 % of the sd too (kernel nondeterminism); an honest 1 %-plus gap is kept; a
-    deterministic target (noise sd 0: the floor decides) and the throughput repeat (same seed) are not suspected."""
+    deterministic target (noise sd 0: the floor decides) is not suspected."""
     for again in (run(1.25), run(1.25 + 0.002)):
         found = judge(run(1.25), Runs(again), NOISY, 2.0)
         assert (found.status, found.runs[0]) == ("discard", 1.25)
@@ -132,14 +145,12 @@ def test_a_confirmation_that_repeats_the_first_run_is_a_seed_ignored_not_a_confi
     assert judge(run(1.25), Runs(run(1.25 + 0.003)), NOISY, 2.0).status == "keep"
     deterministic = Rule("min", confirm=1, noise_sd=0.0, noise_runs=3, sd_floor=0.01)
     assert judge(run(1.25), Runs(run(1.25)), deterministic, 2.0).status == "keep"
-    found = judge(run(1.25, tps=500), Runs(run(1.25, tps=1000), run(1.4, tps=1000)), NOISY, 2.0, best_tps=1000)
-    assert (found.status, found.runs, found.reason) == ("keep", (1.25, 1.25, 1.4), "")
 
 
 def test_a_likely_win_is_kept_only_if_the_mean_with_its_confirmation_still_beats_the_best():
     again = Runs(run(1.5))
     found = judge(run(1.25), again, NOISY, 2.0)                    # mean 1.375: 0.625 better
-    assert (found.status, found.runs, found.metric) == ("keep", (1.25, 1.5), 1.375) and again.calls == [(1, False)]
+    assert (found.status, found.runs, found.metric) == ("keep", (1.25, 1.5), 1.375) and again.calls == [1]
     again = Runs(run(1.875))
     found = judge(run(1.25), again, NOISY, 2.0)                    # mean 1.5625: 0.4375 better, not enough
     assert (found.status, found.runs, found.metric) == ("discard", (1.25, 1.875), 1.5625)
@@ -149,7 +160,7 @@ def test_confirm_2_asks_for_two_more_runs_and_averages_all_three():
     again = Runs(run(1.5), run(1.0))
     found = judge(run(1.25), again, Rule("min", confirm=2, margin_flag=0.5), 2.0)
     assert (found.status, found.runs, found.metric) == ("keep", (1.25, 1.5, 1.0), 1.25)
-    assert again.calls == [(1, False), (2, False)]
+    assert again.calls == [1, 2]
 
 
 def test_a_confirmation_that_crashes_makes_a_crash_naming_it():
@@ -163,7 +174,6 @@ def test_strict_rule_keeps_a_strictly_better_first_run_without_confirmation():
     again = Runs()
     assert judge(run(1.999), again, STRICT, 2.0).status == "keep"
     assert judge(run(2.0), again, STRICT, 2.0).status == "discard"
-    assert judge(run(1.25, tps=500), again, STRICT, 2.0, best_tps=1000).runs == (1.25,)   # no throughput repeat
     assert again.calls == []
 
 
@@ -173,48 +183,129 @@ def test_a_maximised_metric_is_kept_when_higher():
     assert judge(run(1.25), Runs(), Rule("max", confirm=0), 2.0).status == "discard"
 
 
-def test_a_first_run_at_another_throughput_is_repeated_and_both_runs_count():
-    """tokens/s 500 against the best's 1000 (50 % off, more than THROUGHPUT_SHARE): repeated first; the mean of both
-    decides whether it is confirmed, and the confirmation is averaged with both."""
-    again = Runs(run(1.5, tps=1000), run(1.3, tps=1000))
-    found = judge(run(1.25, tps=500), again, NOISY, 2.0, best_tps=1000)
-    assert again.calls == [(0, True), (1, False)]
-    assert (found.status, found.runs) == ("keep", (1.25, 1.5, 1.3)) and found.metric == pytest.approx(1.35)
-    assert found.repeated and found.runs_words("val_bpb") == ("run 2 re-ran run 1 with the same seed, its tokens/s "
-                                                              "was off; the others: other seeds; val_bpb is their mean")
-    again = Runs(run(2.0, tps=1000))                              # the repeat is worse: mean 1.625, discarded
-    found = judge(run(1.25, tps=500), again, NOISY, 2.0, best_tps=1000)
-    assert (found.status, found.runs, found.metric) == ("discard", (1.25, 2.0), 1.625) and again.calls == [(0, True)]
-    assert found.runs_words("val_bpb") == "run 2 re-ran run 1 with the same seed, its tokens/s was off; val_bpb is " \
-        "their mean"
-
-
-def test_a_throughput_within_the_share_or_unknown_is_not_repeated():
-    again = Runs(run(1.5))
-    assert judge(run(1.25, tps=800), again, NOISY, 2.0, best_tps=1000).runs == (1.25, 1.5)   # 20 % off
-    assert judge(run(1.75), again, NOISY, 2.0, best_tps=1000).runs == (1.75,)                # states none
-    assert judge(run(1.75, tps=500), again, NOISY, 2.0, best_tps=None).runs == (1.75,)       # best states none
-    assert again.calls == [(1, False)]
-
-
-def test_a_repeat_that_crashes_makes_a_crash_naming_it():
-    failed = run(None, reason="exit code 1", kind=Kind.CRASH)
-    found = judge(run(1.25, tps=500), Runs(failed), NOISY, 2.0, best_tps=1000)
-    assert (found.status, found.runs, found.metric) == ("crash", (), None)
-    assert found.reason == "its repeat crashed: exit code 1" and found.failed is failed
-
-
 def test_judge_never_changes_an_outcome():
-    first, repeat, confirmation = run(1.25, tps=500), run(1.5, tps=1000), run(1.25, tps=1000)
-    before = copy.deepcopy([first, repeat, confirmation])
-    judge(first, Runs(repeat, confirmation), NOISY, 2.0, best_tps=1000)
-    assert [first, repeat, confirmation] == before
+    first, confirmation = run(1.25, tps=500), run(1.25, tps=1000)
+    before = copy.deepcopy([first, confirmation])
+    judge(first, Runs(confirmation), NOISY, 2.0)
+    judge_paired(first, Runs(confirmation), PAIRED, Best([2.0, 2.25]), LEARNED)
+    assert [first, confirmation] == before
 
 
-def test_throughput_helpers():
+def test_tokens_per_sec_is_read_for_the_records_only():
     assert verdict.tokens_per_sec(run(1.0, tps=512)) == 512.0 and verdict.tokens_per_sec(run(1.0)) is None
     assert verdict.tokens_per_sec(run(1.0, tps="fast")) is None
-    assert verdict.throughput_off(500, 1000).startswith("tokens/s 500 differs from the best's 1000 by more than 25%")
+
+# ---------------------------------------------------------------------------
+# The paired rule
+# ---------------------------------------------------------------------------
+
+
+PAIRED = Rule("min", confirm=3, noise_sd=0.0625, noise_runs=3, paired=True)   # up to 4 runs, false-keep rate 2 %
+LEARNED = (0.0625 ** 2 * 100, 100)      # a tag's earlier paired verdicts: 100 degrees of freedom of sd 0.0625
+BEST = [2.0, 2.25, 1.75, 2.0]           # the best's runs at seeds 0..3
+
+
+def candidate(*gains):
+    """The candidate's runs at seeds 0.. that beat the best's there by these gains (binary fractions)."""
+    return [run(b - g) for b, g in zip(BEST, gains)]
+
+
+def paired(gains, pooled=LEARNED, best=None):
+    """judge_paired on the candidate with these gains over BEST; returns (Verdict, run_again's calls)."""
+    first, *rest = candidate(*gains)
+    again = Runs(*rest)
+    return judge_paired(first, again, PAIRED, best or Best(BEST), pooled), again.calls
+
+
+def test_student_t_quantiles_are_the_tables():
+    """Student's t (one-sided upper quantiles) as printed in any table: 12.706 (df 1, 0.975), 4.303 (2, 0.975),
+    2.228 (10, 0.975), 3.365 (5, 0.99); the CDF at 0 is 1/2."""
+    for p, df, table in ((0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 10, 2.228), (0.99, 5, 3.365)):
+        assert verdict.t_quantile(p, df) == pytest.approx(table, abs=5e-4)
+    assert verdict.t_cdf(0.0, 3) == 0.5 and verdict.t_cdf(-12.706, 1) == pytest.approx(0.025, abs=1e-5)
+
+
+def test_the_paired_sd_pools_the_prior_and_the_tags_verdicts():
+    """Prior: the unpaired 2 x 0.0625^2 worth 1 degree of freedom (PRIOR_DF); then the tag's 100 (sd 0.0625) and a
+    verdict's own deviations. The false-keep rate 2 % is split over the 3 looks after runs 2, 3, 4."""
+    assert PAIRED.paired_sd([0.25]) == (0.0625 * 2 ** 0.5, 1)
+    sd, df = PAIRED.paired_sd([0.25, 0.125], LEARNED)
+    assert df == 102 and sd == pytest.approx(((2 * 0.0625 ** 2 + 0.390625 + 0.0078125) / 102) ** 0.5)
+    assert [round(PAIRED.threshold(df), 3) for df in (1, 2, 3)] == [47.740, 8.573, 5.268]
+    assert Rule("min", paired=True).paired_sd([0.5]) == (None, 0)          # one baseline run: nothing known yet
+    assert PAIRED.pair_floor == 0.000625 and Rule("min", paired=True).pair_floor == verdict.PRINT_FLOOR
+    assert verdict.pooled_of(PAIRED, [((1.75, 2.125), (2.0, 2.25)), ((1.5,), (2.0,))]) == (0.0078125, 1)
+
+
+def test_a_gain_the_seeds_share_is_kept_after_two_runs():
+    """Common random numbers: the same 0.25 gain at both seeds (1 noise sd: the margin rule's 2-sd margin discards it);
+    paired, t 5.66 over 2.519 after 2 runs."""
+    best = Best(BEST)
+    found, calls = paired((0.25, 0.25), best=best)
+    assert (found.status, found.runs, found.best, found.metric) == ("keep", (1.75, 2.0), (2.0, 2.25), 1.875)
+    assert found.t == pytest.approx(5.6569, abs=1e-4) and found.gain == 0.25
+    assert calls == [1] and best.calls == [0, 1]
+    assert judge(run(1.75), Runs(run(2.0)), Rule("min", confirm=1, noise_sd=0.25, noise_runs=3), 2.0).status == \
+        "discard"
+    assert found.runs_words("val_bpb") == ("paired with the best's runs at the same seeds, mean gain +0.250000, "
+                                           "t 5.7; val_bpb is the mean of its runs")
+
+
+def test_a_first_run_not_clearly_better_than_the_best_at_its_seed_stops_there():
+    """Not better: discarded after 1 run; better by 0.0625, under 1.25 paired sds (0.079): discarded too, once the
+    tag has learned its paired sd; while it learns (fewer than LEARN_DF pooled), any better first run goes on."""
+    for gains in ((0.0,), (0.0625,)):
+        found, calls = paired(gains)
+        assert (found.status, found.runs, found.best) == ("discard", (2.0 - gains[0],), (2.0,)) and calls == []
+    assert paired((0.0625,) * 4, pooled=(0.0, 0))[1][:1] == [1]
+
+
+def test_a_mean_difference_that_turns_negative_stops():
+    found, calls = paired((0.25, -0.5))
+    assert (found.status, found.runs, found.gain, calls) == ("discard", (1.75, 2.75), -0.125, [1])
+
+
+def test_borderline_cases_get_more_runs_up_to_the_cap():
+    """t after runs 2, 3, 4: 1.40, 2.29, 2.99 (over 2.518: kept at the 4th); 1.40, 2.29, 1.98 (discarded at the
+    cap); 1.40, 3.35 (kept at the 3rd)."""
+    for gains, status, n in (((0.125, 0, 0.125, 0.125), "keep", 4), ((0.125, 0, 0.125, 0), "discard", 4),
+                             ((0.125, 0, 0.25), "keep", 3)):
+        found, calls = paired(gains)
+        assert (found.status, len(found.runs), calls) == (status, n, list(range(1, n))), gains
+
+
+def test_a_further_run_that_crashes_makes_a_crash_naming_it():
+    failed = run(None, reason="exit code 1", kind=Kind.CRASH)
+    found = judge_paired(candidate(0.25)[0], Runs(failed), PAIRED, Best(BEST), LEARNED)
+    assert (found.status, found.runs, found.metric, found.failed) == ("crash", (1.75,), None, failed)
+    assert found.reason == "run 2 crashed: exit code 1"
+
+
+def test_a_best_that_cannot_be_run_ends_the_pairs_with_the_reason():
+    found, _ = paired((0.25, 0.25), best=Best([2.0, None]))
+    assert (found.status, found.runs, found.reason) == ("discard", (1.75,), "the best's run failed")
+    found, _ = paired((0.25,), best=Best([None]))
+    assert (found.status, found.runs, found.reason) == ("discard", (1.75,), "the best's run failed")
+
+
+def test_paired_runs_that_repeat_one_draw_are_discarded_as_seed_ignoring():
+    """A pinned seed: 1.5 at every seed; the differences 0.5, 0.75 look like a win, but they are the best's noise
+    around one draw: stopped after the second run."""
+    again = Runs(run(1.5), run(1.5))
+    found = judge_paired(run(1.5), again, PAIRED, Best(BEST), LEARNED)
+    assert found.status == "discard" and found.reason.startswith("its runs with other seeds repeat one result")
+    assert again.calls == [1]
+
+
+def test_a_re_measured_best_is_counted_and_named():
+    found, _ = paired((0.25, 0.25), best=Best(BEST, remeasured={1}))
+    assert found.remeasured == 1 and "the best re-run for 1 of them" in found.runs_words("val_bpb")
+
+
+def test_a_maximised_metric_is_paired_the_other_way():
+    rule = Rule("max", confirm=3, noise_sd=0.0625, noise_runs=3, paired=True)
+    found = judge_paired(run(2.25), Runs(run(2.5)), rule, Best([2.0, 2.25]), LEARNED)
+    assert (found.status, found.gain) == ("keep", 0.25)
 
 # ---------------------------------------------------------------------------
 # The rule in words
@@ -233,3 +324,11 @@ def test_the_words_of_confirm_1_mention_the_second_run():
     assert "a second run" in words and "no confirmation run" not in words and "val_bpb" in words
     assert "noise margin" in words
     assert "2 more runs" in Rule("min", confirm=2, noise_sd=0.25, noise_runs=3).words()
+
+
+def test_the_words_of_the_paired_rule_name_its_test_its_rate_and_its_runs():
+    words = PAIRED.words("val_bpb")
+    assert "uses the seed of a run of the best" in words and "one-sided t-test at a false-keep rate of 2%" in words
+    assert "after 2 to 4 runs" in words and "speed probe" in words and "margin" not in words
+    assert Rule("min", confirm=0, paired=True).words() == STRICT.words()      # --confirm 0: the strict ratchet
+    assert (PAIRED.name, NOISY.name, STRICT.name) == ("paired", "margin", "strict")

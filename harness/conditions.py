@@ -1,0 +1,133 @@
+"""
+HARNESS: the conditions a run ran under, measured by the harness, never by train.py: the device's speed, as the time
+the target's fixed probe takes (`prepare.py --probe` from the pristine copy, run right before and right after
+train.py, in the evaluator's view); what those conditions allow a run (its wall time, Allowance); and when two runs'
+conditions differ enough that comparing their metrics would compare machines (differ). A probe that fails or prints
+nonsense gives None: the rules that need it fall back to the old ones, with a warning.
+"""
+
+import dataclasses
+import math
+import subprocess
+from pathlib import Path
+
+PROBE_TIMEOUT_S = 120       # a probe is a few seconds; one that takes this long is broken, not slow
+SHARE = 0.15                # runs whose probes differ by more than this share ran under other conditions
+RATIO_RANGE = (0.1, 10.0)   # a slowdown outside this range is nonsense (a broken probe), not a machine
+OVERHEAD_SHARE = 0.10       # the allowance: the baseline's start-up and evaluation overhead, scaled, plus this share
+SLACK_SHARE = 0.005         # ... plus this share of the budget (the last step overshooting it) ...
+SLACK_S = 5.0               # ... plus these seconds (process start, export): at 300 s and 20 s overhead, 2.8 %
+LEGACY = (1.5, 0.02, 5.0)   # without a probe: 1.5 x overhead + 2 % of the budget + 5 s (the allowance before probes)
+
+
+class Probe:
+    """Runs the pristine `prepare.py --probe` (prepare_dir) through wrap (argv -> argv: the evaluator's sandbox)
+    with env; a call returns (seconds, "") or (None, why not). The target's probe times a fixed workload on the
+    run's device and prints `probe_s: SECONDS`. Picklable (a Ray worker builds its own)."""
+
+    def __init__(self, python, prepare_dir, wrap, env):
+        self.python, self.prepare_dir, self.wrap, self.env = python, Path(prepare_dir), wrap, env
+
+    def __call__(self):
+        argv = self.wrap([self.python, str(self.prepare_dir / "prepare.py"), "--probe"])
+        try:
+            done = subprocess.run(argv, cwd=self.prepare_dir, env=self.env, capture_output=True, text=True,
+                                  timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"the probe did not finish ({type(e).__name__})"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            return None, f"`prepare.py --probe` exited {done.returncode}: {last}"
+        return parse(done.stdout)
+
+
+def parse(text):
+    """(seconds, "") from a probe's output (its last `probe_s:` line), or (None, what is wrong)."""
+    lines = [line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("probe_s:")]
+    if not lines:
+        return None, "`prepare.py --probe` printed no probe_s line"
+    try:
+        seconds = float(lines[-1])
+    except ValueError:
+        return None, f"probe_s is not a number: {lines[-1][:40]!r}"
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None, f"probe_s is {seconds}: not a time"
+    return seconds, ""
+
+
+def combine(before, after):
+    """The probe of a run: the mean of the probes before and after it (either alone when the other failed)."""
+    found = [p for p in (before, after) if p is not None]
+    return sum(found) / len(found) if found else None
+
+
+def slowdown(probe_s, base_probe_s):
+    """probe_s / base_probe_s: how much slower the device is now than it was (2.0: half as fast). None when either
+    is unknown or the ratio is outside RATIO_RANGE (a probe that measured something else)."""
+    if not probe_s or not base_probe_s:
+        return None
+    ratio = probe_s / base_probe_s
+    return ratio if RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1] else None
+
+
+def differ(probe_s, other_s):
+    """Whether two runs ran under other conditions: their probes differ by more than SHARE of the faster one's.
+    False when either is unknown (nothing to compare: the old rule)."""
+    if not probe_s or not other_s:
+        return False
+    return max(probe_s, other_s) / min(probe_s, other_s) - 1 > SHARE
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowance:
+    """The wall time a run of train.py may take: the budget, plus the baseline's overhead (its train.py wall time
+    minus the budget: imports, data, compilation, the final evaluation) scaled by the device's slowdown since the
+    baseline's probe and by K, the CPU workers sharing the machine (K runs import at once), plus OVERHEAD_SHARE of
+    it, SLACK_SHARE of the budget and SLACK_S. The room this leaves a candidate for compute outside the budget
+    (work at import time, training past the budget) is slack(). Without a probe (before the baseline, a target
+    without --probe, a probe that failed): the old allowance, LEGACY."""
+    budget: float
+    overhead: float
+    base_probe: float | None = None
+    workers: int = 1
+
+    def seconds(self, probe_s=None):
+        """Seconds of train.py wall time allowed for a run whose probe took probe_s."""
+        ratio = slowdown(probe_s, self.base_probe)
+        if ratio is None:
+            scale, share, fixed = LEGACY
+            return self.budget + scale * self.overhead * self.workers + share * self.budget + fixed
+        return (self.budget + self.overhead * ratio * self.workers * (1 + OVERHEAD_SHARE)
+                + SLACK_SHARE * self.budget + SLACK_S)
+
+    def scaled_words(self, probe_s):
+        """How the allowance was scaled, for an overtime rejection: ", the device 1.8x slower than at the baseline"
+        ("" without a probe)."""
+        ratio = slowdown(probe_s, self.base_probe)
+        if ratio is None:
+            return ""
+        return f", the speed probe {ratio:.2f}x the baseline's: start-up allowed {self.overhead * ratio:.0f}s"
+
+    def slack(self, probe_s=None):
+        """Seconds a candidate can spend outside the budget without being rejected, under the baseline's conditions
+        (probe_s None: the baseline's own): the allowance minus the budget and the overhead it measured."""
+        probe_s = probe_s or self.base_probe
+        ratio = slowdown(probe_s, self.base_probe) or 1.0
+        return self.seconds(probe_s) - self.budget - self.overhead * ratio * self.workers
+
+    def meaningful(self, share=0.03):
+        """Whether the slack is at most `share` of the budget: edits that move work outside the budget (statistics
+        at start-up, warm-up steps that train) cannot gain more than that. At smoke budgets start-up dominates and
+        it is not."""
+        return self.slack() <= share * self.budget
+
+    def words(self):
+        """The allowance in a line, for the baseline's output and `try`."""
+        slack = self.slack()
+        line = (f"wall-time allowance {self.seconds(self.base_probe):.0f}s for a {self.budget:g}s budget "
+                f"(overhead {self.overhead:.1f}s{', scaled by the speed probe' if self.base_probe else ''}); "
+                f"{slack:.1f}s ({slack / self.budget:.1%}) of compute outside the budget goes unnoticed")
+        if not self.meaningful():
+            line += ("; at this budget edits that move work to start-up or past the budget are not comparable "
+                     "(a smoke budget: start-up dominates)")
+        return line

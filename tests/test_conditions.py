@@ -1,0 +1,202 @@
+"""
+The conditions a run ran under (harness/conditions.py): the speed probe's parsing and arithmetic, the wall-time
+allowance it scales (and the slack it leaves a cheat at the real 300 s budget), and, in real loops on a stand-in whose
+result depends on how fast the machine is, a stale best re-measured under a candidate's conditions, an honest run on a
+machine made slower not rejected for wall time, and compute outside the budget held to the slack.
+
+The machine's speed is the test's: the stand-in's `prepare.py --probe` prints 0.01 s x the factor in
+$AUTORESEARCH_CACHE/slow, and TIMED_TRAIN sleeps its start-up x that factor and trains (sleeps) the budget, doing
+100 / factor steps a second, its val_bpb 1 + 1 / (1 + steps / 10) plus a little seed noise: a faster machine gives a
+better number with the same code.
+"""
+
+import git
+import pytest
+
+import agent
+from harness import conditions
+from harness.conditions import Allowance, Probe
+from agent_target import edit, make_target
+from llm_server import ScriptedLLM
+from helpers import events, rows
+
+TIMED_TRAIN = '''"""MUTABLE: test stand-in whose val_bpb depends on the steps the machine's speed allows in the budget."""
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+# STARTUP_WORK: seconds of work before the budget clock starts (statistics at import: a cheat); TRAIN_SHARE: the
+# share of the budget it trains (3.0: three budgets, reported as one: a cheat)
+STARTUP_WORK = 0.0
+TRAIN_SHARE = 1.0
+LR = 0.04
+
+cache = Path(os.environ["AUTORESEARCH_CACHE"])
+slow = float((cache / "slow").read_text()) if (cache / "slow").exists() else 1.0
+budget = float(os.environ["AUTORESEARCH_TIME_BUDGET"])
+time.sleep(STARTUP * slow)                         # imports and data: slower on a slower machine
+time.sleep(STARTUP_WORK)
+time.sleep(budget * TRAIN_SHARE)                   # training
+steps = (budget * TRAIN_SHARE + STARTUP_WORK) * 100 / slow
+val_bpb = 1.0 + abs(LR - 0.04) * 10 + 1 / (1 + steps / 10)
+val_bpb += random.Random(os.environ["AUTORESEARCH_SEED"]).gauss(0.0, 0.001)
+with open(os.environ["AUTORESEARCH_ARTIFACT"], "w") as f:
+    json.dump({"LR": 0.05, "DEPTH": 8, "offset": val_bpb - 1.008}, f)
+print("---")
+print(f"val_bpb:          {val_bpb:.6f}")
+print(f"time_budget_s:    {budget:g}")
+'''
+
+
+@pytest.fixture
+def timed(tmp_path, monkeypatch):
+    """The tiny target with TIMED_TRAIN (start-up 0.5 s x the slowdown) committed; its cache "prepared"."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "ready").touch()
+    target = make_target(tmp_path / "repo")
+    (target / "train.py").write_text(TIMED_TRAIN.replace("STARTUP * slow", "0.5 * slow"))
+    git.Repo(target).git.commit("-qam", "timed train.py")
+    return target
+
+
+def slow(target, factor):
+    """Make the machine `factor` times slower (1: as at the start) from now on."""
+    (target.parent / "cache" / "slow").write_text(str(factor))
+
+
+def loop(target, answers, *flags):
+    """The loop on tag t for one experiment per scripted answer (after those it already has)."""
+    done = max(0, len(events(target, "experiment")) - 1) if (target / "events.jsonl").exists() else 0
+    with ScriptedLLM(answers) as llm:
+        assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "60", "--no-speculate",
+                           "--proposer", "anthropic", "--base-url", llm.anthropic_url,
+                           "--max-experiments", str(done + len(answers)), *flags]) == 0
+
+# ---------------------------------------------------------------------------
+# The probe and the allowance
+# ---------------------------------------------------------------------------
+
+
+def test_a_probe_prints_seconds_and_nonsense_is_none_with_the_reason():
+    assert conditions.parse("warming up\nprobe_s: 0.25\nprobe_device: cpu\n") == (0.25, "")
+    assert conditions.parse("probe_s: 1\nprobe_s: 0.5\n") == (0.5, "")                    # the last line counts
+    for text, why in (("", "printed no probe_s line"), ("probe_s: fast", "not a number"),
+                      ("probe_s: nan", "probe_s is nan"), ("probe_s: -1", "probe_s is -1.0"),
+                      ("probe_s: 0", "probe_s is 0.0")):
+        value, reason = conditions.parse(text)
+        assert value is None and why in reason, (text, reason)
+
+
+def test_conditions_compare_the_faster_probe_with_the_slower():
+    assert conditions.combine(0.2, 0.3) == 0.25 and conditions.combine(None, 0.3) == 0.3
+    assert conditions.combine(None, None) is None
+    assert conditions.slowdown(0.4, 0.2) == 2.0 and conditions.slowdown(0.2, None) is None
+    assert conditions.slowdown(5.0, 0.2) is None                        # 25x: a broken probe, not a machine
+    assert not conditions.differ(0.23, 0.2) and conditions.differ(0.231, 0.2) and conditions.differ(0.2, 0.231)
+    assert not conditions.differ(None, 0.2) and not conditions.differ(0.2, None)
+
+
+def test_the_allowance_at_300_s_leaves_a_cheat_under_3_percent():
+    """Budget 300 s, the baseline 20 s over it (start-up and evaluation): allowed 300 + 20 x 1.1 + 1.5 + 5 = 328.5 s,
+    so 8.5 s (2.8 %) of compute outside the budget goes unnoticed; the machine 3x slower: 20 x 3 x 1.1 more. Without
+    a probe, the allowance before probes: 300 + 1.5 x 20 + 6 + 5 = 341 s (41 s: 7 % of slack above 300 + 20)."""
+    allowance = Allowance(300.0, 20.0, base_probe=0.2)
+    assert allowance.seconds(0.2) == pytest.approx(328.5) and allowance.slack() == pytest.approx(8.5)
+    assert allowance.meaningful() and allowance.slack() / 300 == pytest.approx(0.0283, abs=1e-4)
+    assert allowance.seconds(0.6) == pytest.approx(300 + 66 + 1.5 + 5)
+    assert allowance.seconds(0.1) == pytest.approx(300 + 11 + 1.5 + 5)  # a quieter machine: no extra room
+    assert allowance.seconds(None) == pytest.approx(341.0) == Allowance(300.0, 20.0).seconds(0.2)
+    assert Allowance(300.0, 20.0, 0.2, workers=2).seconds(0.2) == pytest.approx(300 + 44 + 1.5 + 5)
+    assert ", the speed probe 3.00x the baseline's: start-up allowed 60s" == allowance.scaled_words(0.6)
+
+
+def test_at_a_smoke_budget_the_allowance_says_the_comparison_is_not_meaningful():
+    """10 s budget, 5 s overhead: 5.55 s of slack, 55.5 % of the budget: edits moving work out of it are not comparable."""
+    words = Allowance(10.0, 5.0, base_probe=0.2).words()
+    assert "5.6s (55.5%) of compute outside the budget goes unnoticed" in words
+    assert "not comparable (a smoke budget: start-up dominates)" in words
+    assert "not comparable" not in Allowance(300.0, 20.0, base_probe=0.2).words()
+
+
+def test_the_probe_runs_the_targets_prepare_py(tmp_path, monkeypatch):
+    """The stand-in's probe through conditions.Probe: 0.01 s x the slowdown; a prepare.py whose --probe fails or
+    prints nonsense gives None and the reason, never an exception."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    target = make_target(tmp_path / "repo")
+    probe = Probe("python3", target, lambda argv: argv, dict(__import__("os").environ))
+    assert probe() == (0.01, "")
+    slow(target, 3)
+    assert probe() == (0.03, "")
+    (target / "prepare.py").write_text("import sys\nprint('probe_s: soon')\n")
+    assert probe() == (None, "probe_s is not a number: 'soon'")
+    (target / "prepare.py").write_text("import sys\nsys.exit('no probe here')\n")
+    assert probe() == (None, "`prepare.py --probe` exited 1: no probe here")
+
+# ---------------------------------------------------------------------------
+# In the loop
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ["paired", "margin"])
+def test_a_stale_best_is_run_again_under_the_candidates_conditions(timed, rule):
+    """The best measured on a machine 4x slower than now: a no-op candidate's run is 0.07 better only because it had
+    4x the steps. The probe says so: the best is run again now at the candidate's seed and the candidate is judged
+    against that run: discarded, with the reason. (Judged against the stale number it would have been kept.)"""
+    slow(timed, 4)
+    loop(timed, [], "--verdict", rule)
+    stale = events(timed, "experiment")[0]
+    slow(timed, 1)
+    loop(timed, [edit("a no-op", "LR = 0.04", "LR = 0.040")], "--verdict", rule)
+    baseline, noop = events(timed, "experiment")
+    assert noop["status"] == "discard" and noop["remeasured"] >= 1 and noop["probe_s"] == 0.01
+    assert baseline["base_probe_s"] == 0.04
+    assert stale["metric"] - noop["runs"][0] > 0.06                 # what the stale comparison would have kept
+    again = events(timed, "rerun_best")
+    assert again and all(e["reason"] == "its probe 0.010s against the best's 0.040s: the machine's speed changed"
+                         for e in again)
+    first = [e for e in events(timed, "run_end") if e["n"] == 1]
+    assert [e.get("best") for e in first[:2]] == [None, True] and first[0]["seed"] == first[1]["seed"]
+    assert abs(noop["runs"][0] - noop["best_runs"][0]) < 0.001       # the same seed, the same machine: the same
+    assert rows(timed)[-1].endswith("(the best re-run 1x: the machine's speed changed)") or noop["remeasured"] > 1
+
+
+def test_an_honest_run_on_a_slower_machine_is_allowed_and_training_past_the_budget_is_not(timed, monkeypatch):
+    """Slack 1 s (as a 300 s budget's share would be, at this 1 s budget): the baseline's overhead ~0.6 s. The
+    machine 4x slower: an honest run's start-up takes 2 s, beyond the allowance at the baseline's speed, within the
+    one the probe scales: measured. The machine quiet again: a run that trains 3 budgets and says 1 is rejected for
+    its wall time (an overtime), and a start-up cheat of 2 s of work too; one of 0.3 s is within the slack. (The
+    strict rule: one run each.)"""
+    monkeypatch.setattr(conditions, "SLACK_S", 1.0)
+    loop(timed, [], "--baseline-runs", "1", "--confirm", "0")
+    slow(timed, 4)
+    loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041")])
+    baseline, honest = events(timed, "experiment")
+    allowance = Allowance(1.0, baseline["train_seconds"] - 1.0, baseline["base_probe_s"])
+    assert honest["kind"] == "ok" and honest["train_seconds"] > allowance.seconds(baseline["base_probe_s"])
+    assert honest["train_seconds"] < allowance.seconds(honest["probe_s"]) and honest["probe_s"] == 0.04
+    slow(timed, 1)
+    loop(timed, [edit("train 3 budgets", "TRAIN_SHARE = 1.0", "TRAIN_SHARE = 3.0"),
+                 edit("2 s of statistics at import", "STARTUP_WORK = 0.0", "STARTUP_WORK = 2.0"),
+                 edit("0.3 s of statistics at import", "STARTUP_WORK = 0.0", "STARTUP_WORK = 0.3")])
+    three, big, small = events(timed, "experiment")[2:]
+    assert [e["kind"] for e in (three, big)] == ["overtime", "overtime"]
+    assert three["reason"].startswith("rejected: train.py ran") and "the speed probe 1.00x the baseline's" in \
+        three["reason"]
+    assert small["kind"] == "ok" and 0.3 <= allowance.slack()                   # its extra compute: within the slack
+
+
+def test_a_failing_probe_falls_back_to_the_old_allowance_with_a_warning(timed, capsys):
+    """prepare.py's probe prints nonsense: no probe in the records, the allowance before probes, one warning."""
+    prepare = timed / "prepare.py"
+    prepare.write_text(prepare.read_text().replace('print(f"probe_s: {0.01', 'print(f"probe_s: x{0.01'))
+    git.Repo(timed).git.commit("-qam", "a broken probe")
+    loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041")], "--baseline-runs", "1", "--confirm", "0")
+    baseline, first = events(timed, "experiment")
+    assert baseline["base_probe_s"] is None and first["probe_s"] is None and first["kind"] == "ok"
+    out = capsys.readouterr().out
+    assert out.count("speed probe: none (probe_s is not a number: 'x0.010000')") == 1
+    assert [e["probe_problem"] for e in events(timed, "run_end")] == ["probe_s is not a number: 'x0.010000'"] * 2
