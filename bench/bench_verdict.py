@@ -14,7 +14,10 @@ verdict costs in device-seconds, on the real train.py (cpu profile, a short budg
      margin  3 baseline runs, a margin of 2 noise sds, one confirmation run, seeds never shared (the old default)
      paired  3 baseline runs, each candidate's run r at the baseline's seed r, the sequential t-test with the tag's
              pooled paired sd, up to 4 runs, false-keep rate 2 % (the default)
-   The best stays the baseline (each verdict judges an edit against it), so the shares are per verdict.
+     paired@P the paired rule at the largest --false-keep-rate P (of MATCH_RATES) whose no-ops are kept no more often
+             than the margin rule's: the two at the same false-keep rate
+   The best stays the baseline (each verdict judges an edit against it), so the shares are per verdict. Each rule
+   judges the same draws of edits and seeds.
 
     uv run bench/bench_verdict.py                        # budget 10 s, 12 seeds: ~25 minutes on 2 cores
     uv run bench/bench_verdict.py --budget 5 --seeds 8   # ~10 minutes
@@ -28,6 +31,7 @@ process changes a run's steps.
 """
 
 import argparse
+import json
 import random
 import statistics
 import subprocess
@@ -46,21 +50,22 @@ from harness.verdict import Rule, judge, judge_paired, pooled_of  # noqa: E402
 EDITS = [
     ("no-op: a comment", [("    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.06  # unchanged ")]),
     ("no-op: init drawn anew", [("torch.manual_seed(SEED)", "torch.manual_seed(SEED + 7919)")]),
-    ("MATRIX_LR 0.06 -> 0.045", [("    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.045 ")]),
-    ("MATRIX_LR 0.06 -> 0.08", [("    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.08 ")]),
-    ("EMBEDDING_LR 0.6 -> 0.9", [("EMBEDDING_LR = 0.6 ", "EMBEDDING_LR = 0.9 ")]),
-    ("UNEMBEDDING_LR 0.004 -> 0.008", [("UNEMBEDDING_LR = 0.004 ", "UNEMBEDDING_LR = 0.008 ")]),
+    ("DEPTH 4 -> 3", [("    DEPTH = 4\n", "    DEPTH = 3\n")]),
+    ("DEPTH 4 -> 2", [("    DEPTH = 4\n", "    DEPTH = 2\n")]),
+    ("batch 2**12 -> 2**11", [("    TOTAL_BATCH_SIZE = 2**12 ", "    TOTAL_BATCH_SIZE = 2**11 "),
+                              ("    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 8\n")]),
+    ("MATRIX_LR 0.06 -> 0.12", [("    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.12 ")]),
+    ("MATRIX_LR 0.06 -> 0.03", [("    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.03 ")]),
+    ("EMBEDDING_LR 0.6 -> 0.3", [("EMBEDDING_LR = 0.6 ", "EMBEDDING_LR = 0.3 ")]),
     ("WARMDOWN_RATIO 0.5 -> 0.3", [("WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.3 ")]),
-    ("WARMDOWN_RATIO 0.5 -> 0.7", [("WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.7 ")]),
-    ("WEIGHT_DECAY 0.2 -> 0.0", [("WEIGHT_DECAY = 0.2 ", "WEIGHT_DECAY = 0.0 ")]),
-    ("SOFTCAP 15 -> 30", [("SOFTCAP = 15.0 ", "SOFTCAP = 30.0 ")]),
+    ("WARMDOWN_RATIO 0.5 -> 0.9", [("WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.9 ")]),
 ]
-RULES = {
-    "strict": Rule("min", confirm=0),
-    "margin": Rule("min", confirm=1),
-    "paired": Rule("min", confirm=3, paired=True),
+RULES = {                               # (the rule before its noise is measured, baseline runs)
+    "strict": (Rule("min", confirm=0), 1),
+    "margin": (Rule("min", confirm=1), 3),
+    "paired": (Rule("min", confirm=3, paired=True), 3),
 }
-BASELINE_RUNS = {"strict": 1, "margin": 3, "paired": 3}
+MATCH_RATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.49)  # --false-keep-rate values tried for "paired at the margin rule's rate"
 
 
 def edited(source, changes):
@@ -95,16 +100,16 @@ def outcome(metric):
     return Outcome(commit="0" * 40, metric=metric, memory_gb=0.0, seconds=0.0)
 
 
-def one_tag(rule_name, table, names, rng, verdicts):
-    """One simulated tag of `verdicts` verdicts by this rule; returns [(edit name, status, runs)] where runs counts
-    every run a verdict cost (a paired rule's run of the best at a seed it never ran included)."""
+def one_tag(template, baseline_runs, table, names, rng, verdicts):
+    """One simulated tag of `verdicts` verdicts by this rule (a Rule before its noise is measured, and its baseline
+    runs); returns [(edit name, status, runs)] where runs counts every run a verdict cost (a paired rule's run of the
+    best at a seed it never ran included)."""
     seeds = list(range(len(table["baseline"])))
     rng.shuffle(seeds)                                          # this tag's seeds (the paired rule's seed base)
-    base_seeds = seeds[:BASELINE_RUNS[rule_name]]
+    base_seeds = seeds[:baseline_runs]
     base_runs = [table["baseline"][s] for s in base_seeds]
-    rule = RULES[rule_name]
-    rule = Rule(rule.goal, rule.confirm, None, statistics.stdev(base_runs) if len(base_runs) > 1 else None,
-                len(base_runs), paired=rule.paired)
+    rule = Rule(template.goal, template.confirm, None, statistics.stdev(base_runs) if len(base_runs) > 1 else None,
+                len(base_runs), paired=template.paired, false_keep=template.false_keep)
     best_known, done, found = set(base_seeds), [], []
     for _ in range(verdicts):
         name = rng.choice(names)
@@ -140,14 +145,21 @@ def main():
     p.add_argument("--seeds", type=int, default=12, help="seeds each edit is trained with (default 12)")
     p.add_argument("--tags", type=int, default=400, help="simulated tags per rule (default 400)")
     p.add_argument("--verdicts", type=int, default=20, help="verdicts per simulated tag (default 20)")
+    p.add_argument("--save", metavar="JSON", help="write the measured table (every run's val_bpb and seconds) here")
+    p.add_argument("--table", metavar="JSON", help="judge a table --save wrote instead of measuring one")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        repo, env = bench_repo(tmp, args.budget)
-        source = (repo / "train.py").read_text()
-        runs = {"baseline": measure(repo, env, source, range(args.seeds), tmp / "runs", "baseline")}
-        for name, changes in EDITS:
-            runs[name] = measure(repo, env, edited(source, changes), range(args.seeds), tmp / "runs", name)
+    if args.table:
+        runs = {name: [tuple(run) for run in values] for name, values in json.loads(Path(args.table).read_text()).items()}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            repo, env = bench_repo(tmp, args.budget)
+            source = (repo / "train.py").read_text()
+            runs = {"baseline": measure(repo, env, source, range(args.seeds), tmp / "runs", "baseline")}
+            for name, changes in EDITS:
+                runs[name] = measure(repo, env, edited(source, changes), range(args.seeds), tmp / "runs", name)
+        if args.save:
+            Path(args.save).write_text(json.dumps(runs))
     table = {name: [m for m, _ in values] for name, values in runs.items()}
     wall = statistics.fmean(w for values in runs.values() for _, w in values)
     sd = statistics.stdev(table["baseline"])
@@ -155,7 +167,7 @@ def main():
           f"{wall:.1f} s of train.py per run; baseline {statistics.fmean(table['baseline']):.4f}, noise sd {sd:.4f}")
     effect, kind = {}, {}
     print(f"{'edit':<32} {'effect':>9} {'in sd':>6} {'paired sd':>9} {'class':>8}")
-    for name, _ in EDITS:
+    for name in [name for name in runs if name != "baseline"]:
         diffs = [b - m for m, b in zip(table[name], table["baseline"])]
         effect[name] = statistics.fmean(diffs)
         se = statistics.stdev(diffs) / len(diffs) ** 0.5
@@ -163,15 +175,28 @@ def main():
                       "loss" if effect[name] < -2 * se else "unclear")
         print(f"{name:<32} {effect[name]:>+9.4f} {effect[name] / sd:>+6.2f} {statistics.stdev(diffs):>9.4f} "
               f"{kind[name]:>8}")
-    names = [name for name, _ in EDITS]
+    names = [name for name in runs if name != "baseline"]
     groups = {"no-ops": lambda n: kind[n] == "no-op", "gains < 1 sd": lambda n: kind[n] == "gain" and
               effect[n] < sd, "gains 1-2 sd": lambda n: kind[n] == "gain" and sd <= effect[n] < 2 * sd,
               "gains < 2 sd": lambda n: kind[n] == "gain" and effect[n] < 2 * sd,
               "gains >= 2 sd": lambda n: kind[n] == "gain" and effect[n] >= 2 * sd,
               "losses": lambda n: kind[n] == "loss"}
-    rng = random.Random(0)
-    results = {rule: [v for _ in range(args.tags) for v in one_tag(rule, table, names, rng, args.verdicts)]
-               for rule in RULES}
+    def judged(template, baseline_runs):
+        rng = random.Random(0)                                  # every rule judges the same draws of edits and seeds
+        return [v for _ in range(args.tags) for v in one_tag(template, baseline_runs, table, names, rng,
+                                                             args.verdicts)]
+    results = {rule: judged(*setting) for rule, setting in RULES.items()}
+    noops = [name for name in names if kind[name] == "no-op"]
+
+    def false_keeps(found):
+        return statistics.fmean(status == "keep" for name, status, _ in found if name in noops)
+    matched = None                              # the paired rule at the largest rate keeping no more no-ops than margin
+    for rate in MATCH_RATES:
+        found = judged(Rule("min", confirm=3, paired=True, false_keep=rate), 3)
+        if false_keeps(found) <= false_keeps(results["margin"]):
+            matched = (rate, found)
+    if matched:
+        results[f"paired@{matched[0]:g}"] = matched[1]
     print(f"\n{args.tags} tags x {args.verdicts} verdicts per rule, edits drawn at random; kept share by group:")
     print(f"{'rule':<8} " + " ".join(f"{g:>13}" for g in groups) + f" {'runs/verdict':>12} {'device-s':>9}")
     shares = {}
@@ -186,10 +211,11 @@ def main():
               + f" {per:>12.2f} {per * wall:>9.1f}")
     cost = {rule: statistics.fmean(c for _, _, c in found) for rule, found in results.items()}
     small = list(groups).index("gains < 2 sd")
-    if shares["margin"][small]:
-        print(f"paired / margin: gains < 2 sd kept {shares['paired'][small] / shares['margin'][small]:.2f}x, "
-              f"no-ops kept {shares['paired'][0]:.1%} vs {shares['margin'][0]:.1%}, device-seconds per verdict "
-              f"{cost['paired'] / cost['margin']:.2f}x")
+    for rule in [r for r in results if r.startswith("paired")]:
+        if shares["margin"][small] and shares[rule][small] is not None:
+            print(f"{rule} / margin: gains < 2 sd kept {shares[rule][small] / shares['margin'][small]:.2f}x, "
+                  f"no-ops kept {shares[rule][0]:.1%} vs {shares['margin'][0]:.1%}, device-seconds per verdict "
+                  f"{cost[rule] / cost['margin']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def run(spec):
     before = spec.probe() if spec.probe else (None, "")
     rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
                                          spec.timeout, spec.on_start, spec.on_tick, peak=peak)
-    after = spec.probe() if spec.probe and not timed_out else (None, "")
+    after = spec.probe() if spec.probe and rc == 0 else (None, "")   # a crash or a timeout is judged without it
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))

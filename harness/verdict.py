@@ -18,7 +18,7 @@ PAIRED_CONFIRM = 3          # the paired rule: up to this many runs after the fi
 FALSE_KEEP = 0.02           # the paired rule's false-keep rate: at most 1 kept no-op per 50 (--false-keep-rate)
 PAIRED_FLOOR_SDS = 0.01     # the least sd of paired differences assumed: this share of the noise sd (or the floor)
 PRINT_FLOOR = 1e-6          # ... and never below the summary's printed precision (6 decimals)
-PRIOR_DF = 1                # the paired sd's prior (2 x the noise sd^2: no correlation) weighs this many df at most
+PRIOR_DF = 1                # the degrees of freedom of the unpaired fallback for the paired sd (no paired data yet)
 FIRST_LOOK = 1.25           # the paired rule goes on after a first run that beats the best's by this many paired sds
 LEARN_DF = 4                # ... or by anything, while the tag's pooled paired differences have fewer degrees of
 #                             freedom than this: its first candidates teach the rule how much pairing removes
@@ -141,18 +141,20 @@ class Rule:
         return self.margin > 0 and abs(metric - base) <= self.margin
 
     def paired_sd(self, diffs, pooled=(0.0, 0)):
-        """(the sd of one paired difference, its degrees of freedom): a scaled-inverse-chi-squared estimate whose
-        prior is the unpaired 2 x sd^2 (no correlation assumed) worth noise_runs - 1 degrees of freedom (the
-        baseline's), updated with the squared deviations of this tag's earlier paired verdicts around their means
-        (pooled: (sum, degrees of freedom)) and of these diffs; at least pair_floor."""
+        """(the sd of one paired difference, its degrees of freedom): pooled from the squared deviations of this
+        tag's earlier paired verdicts around their means (pooled: (sum, degrees of freedom)) and of these diffs; before
+        there are any, the unpaired sqrt(2) x noise sd (no correlation assumed) with PRIOR_DF degrees of freedom
+        (None when no noise sd was measured either); at least pair_floor. Pairing removes most of the noise (on the
+        cpu profile the paired sd was 1/5 to 1/25 of the unpaired one: docs/benchmarks.md), so the baseline's
+        unpaired noise is a fallback only: weighed in, it would outweigh dozens of paired degrees of freedom."""
         squares, df = pooled
         if len(diffs) > 1:
             squares, df = squares + (len(diffs) - 1) * statistics.variance(diffs), df + len(diffs) - 1
-        prior_df = min(PRIOR_DF, max(self.noise_runs - 1, 0)) if self.sd else 0
-        if prior_df + df == 0:
+        if df:
+            return max(math.sqrt(squares / df), self.pair_floor), df
+        if not self.sd:
             return None, 0
-        var = (prior_df * 2 * (self.sd or 0.0) ** 2 + squares) / (prior_df + df)
-        return max(math.sqrt(var), self.pair_floor), prior_df + df
+        return max(math.sqrt(2) * self.sd, self.pair_floor), PRIOR_DF
 
     def step(self, diffs, pooled=(0.0, 0)):
         """The paired rule's decision after len(diffs) runs (diffs: gain of each run over the best's run at its
