@@ -79,7 +79,7 @@ SPEED_PROBE = True       # `prepare.py --probe` times a fixed workload on the de
 # The probe's workload per device type: (n, reps): reps matmuls of n x n (bf16 on CUDA, float32 elsewhere) with a
 # tanh between, after one warm-up, timed in PROBE_CHUNKS chunks whose median counts (a first chunk at a lower clock
 # or one preempted by a stray process does not): ~0.2 s on 2 CPU cores, ~0.1 s on an H100, next to start-up.
-PROBE_WORK = {"cuda": (4096, 400), "mps": (2048, 100), "cpu": (512, 200)}
+PROBE_WORK = {"cuda": (4096, 400), "mps": (2048, 100), "cpu": (512, 100)}
 PROBE_CHUNKS = 10
 
 # Smoke tests and CI shorten the budget through this variable. train.py prints `budget_override: 1`
@@ -1133,12 +1133,12 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
 
 def speed_probe():
     """`--probe`: the seconds a fixed workload (PROBE_WORK) takes on the device the evaluator would use (cuda, else
-    mps, else cpu; the CPU thread count of $AUTORESEARCH_THREADS, as train.py's). The harness runs it from the
+    mps, else cpu; on a CPU one thread: what the allowance scales, start-up work, is mostly one thread, and a
+    multi-threaded matmul slows 10x and more when another process takes a core). The harness runs it from the
     pristine copy before and after every run (harness.conditions): a device made busier or slower shows as a longer
     probe, so the wall-time allowance and the comparison with the best follow the machine, not train.py's word.
     Prints `probe_s: SECONDS` (the median chunk's time x PROBE_CHUNKS); returns 0."""
-    if os.environ.get("AUTORESEARCH_THREADS"):
-        torch.set_num_threads(int(os.environ["AUTORESEARCH_THREADS"]))
+    torch.set_num_threads(1)
     device = default_device()
     n, reps = PROBE_WORK[device.type]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -149,7 +149,8 @@ def main():
     p.add_argument("--table", metavar="JSON", help="judge a table --save wrote instead of measuring one")
     args = p.parse_args()
     if args.table:
-        runs = {name: [tuple(run) for run in values] for name, values in json.loads(Path(args.table).read_text()).items()}
+        saved = json.loads(Path(args.table).read_text())
+        runs = {name: [tuple(run) for run in values] for name, values in saved.items()}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)

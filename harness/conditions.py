@@ -13,11 +13,12 @@ from pathlib import Path
 
 PROBE_TIMEOUT_S = 120       # a probe is a few seconds; one that takes this long is broken, not slow
 SHARE = 0.15                # runs whose probes differ by more than this share ran under other conditions
-RATIO_RANGE = (0.1, 10.0)   # a slowdown outside this range is nonsense (a broken probe), not a machine
+RATIO_RANGE = (0.1, 10.0)   # a slowdown is clamped to this range (a probe 30x slower under load still allows 10x)
 OVERHEAD_SHARE = 0.10       # the allowance: the baseline's start-up and evaluation overhead, scaled, plus this share
 SLACK_SHARE = 0.005         # ... plus this share of the budget (the last step overshooting it) ...
 SLACK_S = 5.0               # ... plus these seconds (process start, export): at 300 s and 20 s overhead, 2.8 %
 LEGACY = (1.5, 0.02, 5.0)   # without a probe: 1.5 x overhead + 2 % of the budget + 5 s (the allowance before probes)
+MEANINGFUL_SHARE = 0.03     # the tight allowance applies when its slack is at most this share of the budget
 
 
 class Probe:
@@ -50,8 +51,8 @@ def parse(text):
         seconds = float(lines[-1])
     except ValueError:
         return None, f"probe_s is not a number: {lines[-1][:40]!r}"
-    if not math.isfinite(seconds) or seconds <= 0:
-        return None, f"probe_s is {seconds}: not a time"
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > PROBE_TIMEOUT_S:
+        return None, f"probe_s is {seconds}: not a time the probe can have taken"
     return seconds, ""
 
 
@@ -62,12 +63,11 @@ def combine(before, after):
 
 
 def slowdown(probe_s, base_probe_s):
-    """probe_s / base_probe_s: how much slower the device is now than it was (2.0: half as fast). None when either
-    is unknown or the ratio is outside RATIO_RANGE (a probe that measured something else)."""
+    """probe_s / base_probe_s: how much slower the device is now than it was (2.0: half as fast), clamped to
+    RATIO_RANGE. None when either is unknown."""
     if not probe_s or not base_probe_s:
         return None
-    ratio = probe_s / base_probe_s
-    return ratio if RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1] else None
+    return min(max(probe_s / base_probe_s, RATIO_RANGE[0]), RATIO_RANGE[1])
 
 
 def differ(probe_s, other_s):
@@ -83,9 +83,11 @@ class Allowance:
     """The wall time a run of train.py may take: the budget, plus the baseline's overhead (its train.py wall time
     minus the budget: imports, data, compilation, the final evaluation) scaled by the device's slowdown since the
     baseline's probe and by K, the CPU workers sharing the machine (K runs import at once), plus OVERHEAD_SHARE of
-    it, SLACK_SHARE of the budget and SLACK_S. The room this leaves a candidate for compute outside the budget
-    (work at import time, training past the budget) is slack(). Without a probe (before the baseline, a target
-    without --probe, a probe that failed): the old allowance, LEGACY."""
+    it, SLACK_SHARE of the budget and SLACK_S: tight, so that compute outside the budget (work at import time,
+    training past the budget) gains at most slack(). At a smoke budget, where even that slack is more than
+    MEANINGFUL_SHARE of the budget (start-up dominates, and such edits are not comparable anyway), and without a
+    probe: the lenient allowance from before probes, LEGACY (scaled by the slowdown when there is one), so that the
+    start-up's own jitter under load rejects no honest run."""
     budget: float
     overhead: float
     base_probe: float | None = None
@@ -94,15 +96,15 @@ class Allowance:
     def seconds(self, probe_s=None):
         """Seconds of train.py wall time allowed for a run whose probe took probe_s."""
         ratio = slowdown(probe_s, self.base_probe)
-        if ratio is None:
+        overhead = self.overhead * (ratio or 1.0) * self.workers
+        if ratio is None or not self.meaningful():
             scale, share, fixed = LEGACY
-            return self.budget + scale * self.overhead * self.workers + share * self.budget + fixed
-        return (self.budget + self.overhead * ratio * self.workers * (1 + OVERHEAD_SHARE)
-                + SLACK_SHARE * self.budget + SLACK_S)
+            return self.budget + scale * overhead + share * self.budget + fixed
+        return self.budget + overhead * (1 + OVERHEAD_SHARE) + SLACK_SHARE * self.budget + SLACK_S
 
     def scaled_words(self, probe_s):
-        """How the allowance was scaled, for an overtime rejection: ", the device 1.8x slower than at the baseline"
-        ("" without a probe)."""
+        """How the allowance was scaled, for an overtime rejection: ", the speed probe 1.80x the baseline's: start-up
+        allowed 36s" ("" without a probe)."""
         ratio = slowdown(probe_s, self.base_probe)
         if ratio is None:
             return ""
@@ -115,11 +117,11 @@ class Allowance:
         ratio = slowdown(probe_s, self.base_probe) or 1.0
         return self.seconds(probe_s) - self.budget - self.overhead * ratio * self.workers
 
-    def meaningful(self, share=0.03):
-        """Whether the slack is at most `share` of the budget: edits that move work outside the budget (statistics
-        at start-up, warm-up steps that train) cannot gain more than that. At smoke budgets start-up dominates and
-        it is not."""
-        return self.slack() <= share * self.budget
+    def meaningful(self):
+        """Whether the tight allowance's slack (one worker) is at most MEANINGFUL_SHARE of the budget: edits that move
+        work outside the budget (statistics at start-up, warm-up steps that train) cannot gain more than that. At
+        smoke budgets start-up dominates and it is not."""
+        return OVERHEAD_SHARE * self.overhead + SLACK_SHARE * self.budget + SLACK_S <= MEANINGFUL_SHARE * self.budget
 
     def words(self):
         """The allowance in a line, for the baseline's output and `try`."""
@@ -129,5 +131,5 @@ class Allowance:
                 f"{slack:.1f}s ({slack / self.budget:.1%}) of compute outside the budget goes unnoticed")
         if not self.meaningful():
             line += ("; at this budget edits that move work to start-up or past the budget are not comparable "
-                     "(a smoke budget: start-up dominates)")
+                     "(a smoke budget: start-up dominates; the allowance is the lenient one)")
         return line

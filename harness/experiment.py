@@ -7,6 +7,7 @@ proposes (harness.ideas) and never decides the rule (harness.verdict).
 """
 
 import dataclasses
+import secrets
 import shutil
 import statistics
 import time
@@ -93,7 +94,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False):
     or the machine's speed changed): its artifact is not kept. device: the harness.pool.Device it runs on; None:
     this machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
     name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "")
-    seed, run_dir = run_seed(s, n, run), s.home / "runs" / name
+    # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
+    seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
     frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
     env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
            "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
@@ -158,6 +160,9 @@ def judge(s, n, fix, first, base, base_metric, device=None):
         again = train(s, n, fix, base, run=run, device=device, best=True)
         if again.metric is None:
             return None, False, f"the best's run at seed {seed} failed ({again.reason}): judged on the runs before"
+        if conditions.differ(outcome.probe_s, again.probe_s):     # the machine changed again between the two
+            return None, False, (f"the machine's speed changed between its run and the best's at seed {seed} "
+                                 f"(probes {outcome.probe_s:.3f}s, {again.probe_s:.3f}s): judged on the runs before")
         return again.metric, then is not None, ""
 
     if s.rule.is_paired:

@@ -157,7 +157,7 @@ def verdict(s, event, result, synced=True):
                                    else "")))
     lines.append(("rule", rule.words(s.metric)))
     if (allowance := experiment.max_wall(s)) is not None and not allowance.meaningful():
-        lines.append(("allowance", allowance.words()))
+        lines.append(("wall_time", allowance.words()))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{s.history[0]['metric']:.6f}"),
               ("commit", f"{event['commit']} ({event['description']})"),

@@ -149,8 +149,8 @@ def run(spec):
             f"the harness's budget is {spec.budget:g}"))
     elif allowed is not None and seconds > allowed:
         outcome.fail(Kind.OVERTIME, (
-            f"rejected: train.py ran {seconds:.0f}s, more than the budget plus the start-up and evaluation "
-            f"allowance ({allowed:.0f}s{spec.max_wall.scaled_words(outcome.probe_s)})"))
+            f"rejected: train.py ran {seconds:.1f}s, more than the budget plus the start-up and evaluation "
+            f"allowance ({allowed:.1f}s{spec.max_wall.scaled_words(outcome.probe_s)})"))
     elif spec.evaluation is None:
         outcome.metric, outcome.reason = own, own_problem
         outcome.kind = Kind.OK if own is not None else Kind.CRASH

@@ -326,8 +326,8 @@ def measured_runs(s, all_events):
         if e.get("tag") == s.settings.tag and e.get("event") == "run_end" and e.get("metric") is not None \
                 and e.get("seed") is not None:
             s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
-    if s.best_event and s.best_commit != s.best_event["full_commit"]:     # adopted commits: train.py as measured
-        s.measured[s.best_commit[:7]] = s.measured.setdefault(s.best_event["full_commit"][:7], {})
+    # adopted commits (a human's on top of the best) are measured anew at each seed when first paired: what they
+    # changed besides train.py (a file train.py reads) must not be credited to the next candidate
 
 
 def recover_runs(s, stale_runs, all_events):

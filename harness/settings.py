@@ -228,5 +228,6 @@ def check_common(p, args):
     if args.verdict == "paired" and args.margin is not None:
         p.error("--margin is the margin rule's: use --verdict margin with it (the paired rule has no margin: "
                 "--false-keep-rate sets how sure it must be)")
-    if args.verdict == "margin" and args.false_keep is not None:
-        p.error("--false-keep-rate is the paired rule's: leave it out with --verdict margin (its --margin decides)")
+    if args.false_keep is not None and (args.verdict == "margin" or args.verdict is None and args.margin is not None):
+        p.error("--false-keep-rate is the paired rule's: leave it out with --verdict margin or --margin (the margin "
+                "decides there)")

@@ -2,8 +2,8 @@
 HARNESS: the verdict rule, the one place it exists. Keep, discard or crash for a candidate's measured runs: a Rule
 (the goal, the margin, the number of confirmation runs, paired or not) and judge() (the margin rule) or
 judge_paired() (the paired sequential rule), which ask for further runs (and the best's, at the same seeds) through
-callables and never change an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict block and
-report.py, so none of them can say it otherwise. Pure: no git, no files, no processes.
+callables and never change an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict
+block and report.py, so none of them can say it otherwise. Pure: no git, no files, no processes.
 """
 
 import dataclasses
@@ -26,6 +26,7 @@ LEARN_DF = 4                # ... or by anything, while the tag's pooled paired 
 # ignores AUTORESEARCH_SEED, so no run confirms another. Two honest runs (difference ~ N(0, 2 sd^2)) land this close
 # 0.56 % of the time; a seed-ignoring run on a GPU differs only by kernel nondeterminism, far less than 1 % of an sd.
 SAME_DRAW_SDS = 0.01
+STILL_SHARE = 0.1           # ... or that spread less than this share of the best's runs at the same seeds
 
 
 def t_cdf(t, df):
@@ -145,11 +146,14 @@ class Rule:
         tag's earlier paired verdicts around their means (pooled: (sum, degrees of freedom)) and of these diffs; before
         there are any, the unpaired sqrt(2) x noise sd (no correlation assumed) with PRIOR_DF degrees of freedom
         (None when no noise sd was measured either); at least pair_floor. Pairing removes most of the noise (on the
-        cpu profile the paired sd was 1/5 to 1/25 of the unpaired one: docs/benchmarks.md), so the baseline's
+        cpu profile the paired sd was 1/3 to 1/57 of the unpaired one: docs/benchmarks.md), so the baseline's
         unpaired noise is a fallback only: weighed in, it would outweigh dozens of paired degrees of freedom."""
         squares, df = pooled
         if len(diffs) > 1:
-            squares, df = squares + (len(diffs) - 1) * statistics.variance(diffs), df + len(diffs) - 1
+            own = statistics.variance(diffs)
+            squares, df = squares + (len(diffs) - 1) * own, df + len(diffs) - 1
+            if own > squares / df:              # this edit's differences spread more than the tag's: its own sd
+                return max(math.sqrt(own), self.pair_floor), len(diffs) - 1
         if df:
             return max(math.sqrt(squares / df), self.pair_floor), df
         if not self.sd:
@@ -179,8 +183,8 @@ class Rule:
                     f"an edit uses the seed of a run of the best and the edit is judged on the differences: kept "
                     f"when their mean beats 0 by more than a one-sided t-test at a false-keep rate of "
                     f"{self.false_keep:.0%} allows (after 2 to {1 + self.confirm} runs; it stops after the first "
-                    f"run when that run is not better than the best's at the same seed, and whenever the mean "
-                    f"difference is not better); otherwise it is reverted. The best is run again at a seed when "
+                    f"run when that run is not clearly better than the best's at the same seed, and whenever the "
+                    f"mean difference is not better); otherwise it is reverted. The best is run again at a seed when "
                     f"the harness's speed probe says the machine's speed changed by more than "
                     f"{conditions.SHARE:.0%} since. An edit whose runs with other seeds repeat one result ignores "
                     f"AUTORESEARCH_SEED and is not kept.")
@@ -283,12 +287,22 @@ def pooled_of(rule, verdicts):
     return squares, df
 
 
-def seed_ignored(rule, runs):
-    """Why runs of one candidate with different seeds are one draw (train.py ignores AUTORESEARCH_SEED), or "":
-    all its later runs within SAME_DRAW_SDS noise sd of its first while the baseline's seeds spread."""
-    if len(runs) > 1 and rule.noise_sd and all(abs(m - runs[0]) <= SAME_DRAW_SDS * rule.noise_sd for m in runs[1:]):
+def seed_ignored(rule, runs, best=()):
+    """Why runs of one candidate with different seeds are one draw (train.py ignores AUTORESEARCH_SEED, or swaps it
+    for one of its own), or "": all its later runs within SAME_DRAW_SDS noise sd of its first while the baseline's
+    seeds spread (for a score over N problems, where two honest runs often score the same: three runs); or, paired
+    with the best's runs (best: the best's at the same seeds) from the 3rd run on, its runs'
+    sd under STILL_SHARE of the best's while the best's spread at least half a noise sd (an honest candidate's runs
+    move with the seed, as the best's do: an unpaired one's that still 1 % of the time, a paired one's never)."""
+    quantised = rule.floor_source.startswith("the binomial")      # a score over N problems: equal scores happen
+    if len(runs) > 1 + quantised and rule.noise_sd and \
+            all(abs(m - runs[0]) <= SAME_DRAW_SDS * rule.noise_sd for m in runs[1:]):
         return ("its runs with other seeds repeat one result: train.py ignores AUTORESEARCH_SEED, so they are one "
                 "draw, unpaired and unconfirmed (use the seed)")
+    if len(runs) > 2 and len(best) == len(runs) and rule.noise_sd and statistics.stdev(best) >= rule.noise_sd / 2 \
+            and statistics.stdev(runs) < STILL_SHARE * statistics.stdev(best):
+        return ("its runs with other seeds barely move while the best's at the same seeds do: train.py does not use "
+                "AUTORESEARCH_SEED as given (use the seed)")
     return ""
 
 
@@ -347,7 +361,7 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
         best.append(value)
         remeasured += bool(fresh)
         decision = rule.step([rule.gain(m, b) for m, b in zip(runs, best)], pooled)
-        if decision or seed_ignored(rule, runs):
+        if decision or seed_ignored(rule, runs, best):
             break
     if not runs:
         return Verdict("discard", (first.metric,), first.metric, why)
@@ -356,6 +370,6 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     t = statistics.fmean(diffs) / (sd / math.sqrt(len(diffs))) if sd else None
     mean, paired = statistics.fmean(runs), dict(best=tuple(best), remeasured=remeasured, t=t,
                                                 gain=statistics.fmean(diffs))
-    if seed_why := seed_ignored(rule, runs):
+    if seed_why := seed_ignored(rule, runs, best):
         return Verdict("discard", tuple(runs), mean, seed_why, **paired)
     return Verdict(decision or "discard", tuple(runs), mean, "" if decision else why, **paired)

@@ -9,6 +9,7 @@ and judge_paired, and short real loops check that the loop's runs, seeds and ver
 ones.
 """
 
+import re
 import statistics
 from pathlib import Path
 
@@ -163,6 +164,7 @@ def test_the_loop_pairs_each_run_with_the_best_at_its_seed(tmp_path, monkeypatch
     assert [(e["n"], e["seed"], e["run"]) for e in events(target, "run") if e.get("best")] == \
         [(n, seed, seed - base) for n, seed in best]
     assert [e["reason"] for e in events(target, "rerun_best")] == ["no run of the best at this seed yet"] * len(best)
+    assert all(re.fullmatch(r"[0-9a-f]{16}", Path(e["cwd"]).name) for e in events(target, "run"))   # says no r
     assert baseline["runs"] == list(runs)
     draws = tuple(noisy_metric(0, base + run) for run in range(4))      # the best's (the baseline's) at its seeds
     assert runs == draws[:3] and [(v.status, v.best) for v in verdicts] == [("discard", draws[:1]), ("keep", draws)]

@@ -32,7 +32,11 @@ TRY = ["try", "--tag", "t", "--baseline"]
                                                         "(the paired rule has no margin: --false-keep-rate sets how "
                                                         "sure it must be)"),
     (TRY + ["--verdict", "margin", "--false-keep-rate", "0.1"], "--false-keep-rate is the paired rule's: leave it out "
-                                                                "with --verdict margin (its --margin decides)"),
+                                                                "with --verdict margin or --margin (the margin decides "
+                                                                "there)"),
+    (LOOP + ["--margin", "0.01", "--false-keep-rate", "0.1"], "--false-keep-rate is the paired rule's: leave it out "
+                                                              "with --verdict margin or --margin (the margin decides "
+                                                              "there)"),
 ])
 def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

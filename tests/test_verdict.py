@@ -141,7 +141,8 @@ def test_a_confirmation_that_repeats_the_first_run_is_a_seed_ignored_not_a_confi
     for again in (run(1.25), run(1.25 + 0.002)):
         found = judge(run(1.25), Runs(again), NOISY, 2.0)
         assert (found.status, found.runs[0]) == ("discard", 1.25)
-        assert found.reason.startswith("its runs with other seeds repeat one result: train.py ignores AUTORESEARCH_SEED")
+        assert found.reason.startswith("its runs with other seeds repeat one result: train.py ignores "
+                                       "AUTORESEARCH_SEED")
     assert judge(run(1.25), Runs(run(1.25 + 0.003)), NOISY, 2.0).status == "keep"
     deterministic = Rule("min", confirm=1, noise_sd=0.0, noise_runs=3, sd_floor=0.01)
     assert judge(run(1.25), Runs(run(1.25)), deterministic, 2.0).status == "keep"
@@ -227,12 +228,14 @@ def test_student_t_quantiles_are_the_tables():
 
 def test_the_paired_sd_pools_the_tags_verdicts_and_the_unpaired_noise_before_there_are_any():
     """Before any paired data: the unpaired sqrt(2) x 0.0625 with 1 degree of freedom (PRIOR_DF); then the tag's 100
-    (sd 0.0625) and a verdict's own deviations, the unpaired noise left out. The false-keep rate 2 % is split over
-    the 3 looks after runs 2, 3, 4."""
+    (sd 0.0625) and a verdict's own deviations, the unpaired noise left out; a verdict whose own differences spread
+    more than that (an edit that breaks the pairing) is judged on its own sd and degrees of freedom. The false-keep
+    rate 2 % is split over the 3 looks after runs 2, 3, 4."""
     assert PAIRED.paired_sd([0.25]) == (0.0625 * 2 ** 0.5, 1)
     assert PAIRED.paired_sd([0.25], LEARNED) == (0.0625, 100)
-    sd, df = PAIRED.paired_sd([0.25, 0.125], LEARNED)
-    assert df == 101 and sd == pytest.approx(((0.390625 + 0.0078125) / 101) ** 0.5)
+    sd, df = PAIRED.paired_sd([0.25, 0.1875], LEARNED)                   # spreads less than the tag's: pooled
+    assert df == 101 and sd == pytest.approx(((0.390625 + 0.001953125) / 101) ** 0.5)
+    assert PAIRED.paired_sd([0.25, 0.125], LEARNED) == (0.0078125 ** 0.5, 1)   # more than the tag's: its own
     assert [round(PAIRED.threshold(df), 3) for df in (1, 2, 3)] == [47.740, 8.573, 5.268]
     assert Rule("min", paired=True).paired_sd([0.5]) == (None, 0)          # one baseline run: nothing known yet
     assert PAIRED.pair_floor == 0.000625 and Rule("min", paired=True).pair_floor == verdict.PRINT_FLOOR
@@ -268,10 +271,10 @@ def test_a_mean_difference_that_turns_negative_stops():
 
 
 def test_borderline_cases_get_more_runs_up_to_the_cap():
-    """t after runs 2, 3, 4: 1.41, 2.30, 3.00 (over 2.518: kept at the 4th); 1.41, 2.30, 1.99 (discarded at the
-    cap); 1.41, 3.37 (kept at the 3rd)."""
-    for gains, status, n in (((0.125, 0, 0.125, 0.125), "keep", 4), ((0.125, 0, 0.125, 0), "discard", 4),
-                             ((0.125, 0, 0.25), "keep", 3)):
+    """t after runs 2, 3, 4 (the tag's sd: these spread less): 1.78, 2.04, 2.53 (over 2.518: kept at the 4th); 1.78,
+    2.04, 2.28 (discarded at the cap); 1.78, 2.62 (kept at the 3rd)."""
+    for gains, status, n in (((0.09375, 0.0625, 0.0625, 0.09375), "keep", 4),
+                             ((0.09375, 0.0625, 0.0625, 0.0625), "discard", 4), ((0.09375, 0.0625, 0.125), "keep", 3)):
         found, calls = paired(gains)
         assert (found.status, len(found.runs), calls) == (status, n, list(range(1, n))), gains
 
@@ -297,6 +300,26 @@ def test_paired_runs_that_repeat_one_draw_are_discarded_as_seed_ignoring():
     found = judge_paired(run(1.5), again, PAIRED, Best(BEST), LEARNED)
     assert found.status == "discard" and found.reason.startswith("its runs with other seeds repeat one result")
     assert again.calls == [1]
+
+
+def test_two_equal_scores_over_n_problems_are_not_taken_for_an_ignored_seed():
+    """pass@1 over 64 problems moves in steps of 1/64: two honest runs score the same often, three rarely."""
+    quantised = Rule("max", confirm=3, noise_sd=0.03125, noise_runs=3, paired=True, sd_floor=0.0625,
+                     floor_source="the binomial standard error of pass@1 over 64 problems")
+    assert verdict.seed_ignored(quantised, [0.5, 0.5]) == ""
+    assert verdict.seed_ignored(quantised, [0.5, 0.5, 0.5]).startswith("its runs with other seeds repeat one result")
+    assert verdict.seed_ignored(PAIRED, [0.5, 0.5]).startswith("its runs with other seeds repeat one result")
+
+
+def test_paired_runs_that_stay_still_while_the_best_moves_are_a_swapped_seed():
+    """A train.py that trains with a lucky seed of its own whatever it is given, nudged 1/128 a run so that no two
+    runs repeat: its runs spread 0.0078 while the best's at the same seeds spread 0.25 (under a tenth: discarded after
+    the third run); an honest candidate whose runs move with the best's is not."""
+    again = Runs(run(1.5 + 1 / 128), run(1.5 + 2 / 128), run(1.5))
+    found = judge_paired(run(1.5), again, PAIRED, Best(BEST), LEARNED)
+    assert found.status == "discard" and again.calls == [1, 2]
+    assert found.reason.startswith("its runs with other seeds barely move while the best's at the same seeds do")
+    assert paired((0.09375, 0.0625, 0.125))[0].status == "keep"
 
 
 def test_a_re_measured_best_is_counted_and_named():
