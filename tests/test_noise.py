@@ -321,3 +321,27 @@ def test_what_an_edit_touched_comes_from_its_diff(target, monkeypatch):
     prompt = llm.requests[-1][1]["messages"][-1]["content"]
     assert "  LR: 1 tried (1 keep, 0 discard, 0 crash), deltas -0.100000 .. -0.100000" in prompt
     assert "  SLEEP: 1 tried (0 keep, 1 discard, 0 crash), deltas +0.000000 .. +0.000000" in prompt
+
+
+def test_an_adopted_commit_is_measured_anew_not_credited_to_the_next_candidate(tmp_path, monkeypatch):
+    """A human adds knob.txt (which train.py reads: +0.01 gain) on top of the best; the loop adopts it (train.py
+    unchanged). The adopted best is run at the candidate's seed, not paired with the old best's runs: the next
+    no-op carries the knob too and is discarded, not kept with the knob's 0.01 credited to it."""
+    target = noisy_target(tmp_path, monkeypatch)
+    path = target / "train.py"
+    path.write_text(path.read_text().replace("gain = 0.0\n", "gain = 0.0\nfrom pathlib import Path\nif Path("
+                                             "'knob.txt').exists():\n    gain += float(Path('knob.txt').read_text())\n"))
+    repo = git.Repo(target)
+    repo.git.commit("-qam", "train.py reads an optional knob.txt")
+    assert loop(target, "--max-experiments", "0") == 0
+    worktree = tmp_path / "wt"
+    repo.git.worktree("add", str(worktree), "autoresearch/t")
+    (worktree / "knob.txt").write_text("0.01")
+    git.Repo(worktree).git.add("knob.txt")
+    git.Repo(worktree).git.commit("-qm", "notes for the agent")
+    repo.git.worktree("remove", str(worktree))
+    assert loop(target, "--max-experiments", "1") == 0
+    assert len(events(target, "adopted")) == 1
+    first = events(target, "experiment")[1]
+    assert [e["reason"] for e in events(target, "rerun_best")][:1] == ["no run of the best at this seed yet"]
+    assert first["status"] == "discard" and first["runs"][0] == first["best_runs"][0]
