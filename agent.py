@@ -32,7 +32,7 @@ import functools
 import time
 from pathlib import Path
 
-from harness import checks, cluster, console, experiment, ideas, ledger
+from harness import checks, cluster, console, experiment, ideas, ledger, search
 from harness.errors import SetupError, Stop
 from harness.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
@@ -135,7 +135,8 @@ def settle(s, loop, job, outcome, judged, ended):
     amended commit is the next experiment and runs before anything new."""
     result = experiment.Result(job.n, outcome, judged, job.description, ended - job.t0, job.cost,
                                job.idea.repairs, job.fixes, job.base, job.base_metric,
-                               fields=dict(wave=job.idea.wave, rebased_from=job.idea.rebased_from, fix_of=job.fix_of))
+                               fields=dict(wave=job.idea.wave, rebased_from=job.idea.rebased_from, fix_of=job.fix_of,
+                                           **job.idea.credit))
     if judged.status == "crash":        # the machine's fault (data gone, disk full) stops the loop: the idea is
         experiment.check_environment(s, job.n)      # not blamed, nothing is sent for a fix, a rerun redoes it
     if judged.status == "keep" and job.base != s.best_commit:
@@ -195,7 +196,7 @@ def research_main(s, proposer, constants, devices):
     """The loop's own setup (the proposer, its prompts and check, the preflight, the devices), then research_loop
     until a limit. Returns 0."""
     a, target = s.settings, s.target
-    proposer.profile = s.profile
+    search.attach(s, proposer)          # the profile it edits; a sampler's study (harness/search)
     proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
     system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
                                   frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))

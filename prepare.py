@@ -6,10 +6,11 @@ experiment and rejects a candidate that changed it. train.py imports the runtime
 
 Usage:
     uv run prepare.py                                   # profile from the device (CUDA: default, climbmix shards
-                                                        # from Hugging Face; MPS: small, CPU: cpu, tinystories)
+                                                        # from Hugging Face; MPS: small, CPU: cpu, tinystories;
+                                                        # small and cpu offline: the sample in data/sample)
     uv run prepare.py --num-shards 8                    # fewer training shards (the val shard is pinned)
     uv run prepare.py --dataset tinystories --profile small     # a Mac or a small GPU
-    uv run prepare.py --source ../shared/data/corpora --profile cpu   # offline: local .txt/.jsonl/.parquet
+    uv run prepare.py --source data/sample --profile cpu     # offline: local .txt/.jsonl/.parquet
     uv run prepare.py --check                           # exit 0 if prepared data is ready (agent.py uses it)
     uv run prepare.py --frozen-inputs                   # JSON: sha256 of everything that defines the metric
     uv run prepare.py --evaluate run/model.pt2          # score a model artifact in this fresh process
@@ -132,6 +133,14 @@ VAL_EVERY = 10                   # ... every 10th block (10 %, spread over every
 HOLDOUT_AT = 4                   # blocks at this place of every 10 (another 10 %)
 MAX_REPLACED_FRACTION = 0.01     # more undecodable bytes than this and a file is not UTF-8 text
 
+# Offline with no --source, the cpu and small profiles prepare this public-domain text shipped with the repository
+# (data/sample/README.md) instead of their download, so a fresh machine with no network and no key still runs the
+# loop; the default profile needs real data. Its val split holds ~114K tokens with the cpu profile's tokenizer and
+# ~94K with small's, so it scores at most SAMPLE_EVAL_TOKENS (small's 1M would wrap around).
+SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "sample"
+SAMPLE_PROFILES = ("cpu", "small")
+SAMPLE_EVAL_TOKENS = 65536
+
 # BPE split pattern (GPT-4 style, with \p{N}{1,2} instead of {1,3}); the same pattern trains and encodes.
 SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 SPECIAL_TOKENS = [f"<|reserved_{i}|>" for i in range(4)]
@@ -176,7 +185,7 @@ def time_budget():
 class Prepared:
     """What prepare.py wrote: the dataset, its profile and where its files are."""
     root: Path         # the cache root
-    dataset: str       # climbmix | tinystories | local
+    dataset: str       # climbmix | tinystories | local | sample (local text from SAMPLE_DIR)
     source: str        # URL or absolute local path
     profile: Profile
     data_dir: Path     # parquet shards with a `text` column
@@ -215,7 +224,8 @@ def load_prepared(root=None):
     root = Path(root) if root is not None else cache_dir()
     path = _meta_path(root)
     if not path.exists():
-        raise PrepareError(f"no prepared data in {root}: run prepare.py first, e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+        raise PrepareError(f"no prepared data in {root}: run prepare.py first, e.g. "
+                           f"`uv run prepare.py --source data/sample --profile cpu`")
     try:
         meta = json.loads(path.read_text())
         # the record, not today's PROFILES table, is the truth for data prepared earlier
@@ -274,7 +284,7 @@ def _name_not_resolved(error):
 
 def _offline_error(url):
     return OfflineError(f"cannot reach {url.split('/')[2]} (offline?): prepare local text instead with --source PATH, "
-                        f"e.g. `uv run prepare.py --source ../shared/data/corpora --profile cpu`")
+                        f"e.g. `uv run prepare.py --source data/sample --profile cpu` (the sample shipped here)")
 
 
 def download_file(url, path, attempts=5, backoff=2.0, timeout=30, progress=False):
@@ -1027,7 +1037,8 @@ def frozen_inputs(prepared=None):
                            f"sandbox, or re-run prepare.py with --force if the file is gone")
     digest = hashlib.sha256("".join(f"{role}:{h}\n" for role, h in sorted(files.items())).encode()).hexdigest()
     # a --source corpus holds the val documents too (convert_source re-cuts them exactly): out of reach as well
-    source = [str(Path(prepared.source).resolve())] if prepared.dataset == "local" and Path(prepared.source).exists() else []
+    source = [str(Path(prepared.source).resolve())] if prepared.dataset in ("local", "sample") and \
+        Path(prepared.source).exists() else []
     train = [_meta_path(prepared.root), prepared.tokenizer_dir, prepared.data_dir]
     evaluated = [_meta_path(prepared.root), prepared.tokenizer_dir, val_path, *holdout]
     return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *map(str, holdout), *source],
@@ -1044,20 +1055,32 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
     New data and a new tokenizer are built beside the current ones (`*.new`) and swapped in only once
     everything checked out, so a failed run (bad input, too little text, a full disk) leaves the data
     prepared earlier usable. Raises PrepareError (and OfflineError, OSError) with the fix in the message.
+
+    Offline, with no source, the SAMPLE_PROFILES prepare the sample corpus (SAMPLE_DIR) instead of their download,
+    with a line saying so, when the cache holds nothing else; later runs with no source re-use it (--force: download
+    again). The default profile never falls back: its OfflineError names --source.
     """
     root = Path(root) if root is not None else cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    if source is not None:
-        dataset, source_id = "local", str(Path(source).expanduser().resolve())
-    else:
-        source_id = base_url if dataset == "climbmix" else TINYSTORIES_URL
     meta_path = _meta_path(root)
-    same = False
+    old = None
     if meta_path.exists():
         try:
             old = json.loads(meta_path.read_text())
         except ValueError:
             old = {"dataset": "?", "source": f"an unreadable {meta_path.name}", "profile": "?"}
+    if source is None and not force and old is not None and old.get("dataset") == "sample":
+        source = SAMPLE_DIR   # prepared offline earlier (below): it stands in until --force or --source replaces it
+    if source is not None:
+        source_id = str(Path(source).expanduser().resolve())
+        dataset = "sample" if source_id == str(SAMPLE_DIR) else "local"
+    else:
+        source_id = base_url if dataset == "climbmix" else TINYSTORIES_URL
+    full_eval_tokens = profile.eval_tokens
+    if dataset == "sample":
+        profile = dataclass_replace(profile, eval_tokens=min(profile.eval_tokens, SAMPLE_EVAL_TOKENS))
+    same = False
+    if old is not None:
         same = (old.get("dataset"), old.get("source"), old.get("profile"),
                 old.get("eval_tokens", profile.eval_tokens)) == (dataset, source_id, profile.name, profile.eval_tokens)
         if not same and not force:
@@ -1070,8 +1093,15 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
             return load_prepared(root)
     print(f"Cache: {root}   profile: {profile.name} (MAX_SEQ_LEN={profile.max_seq_len}, "
           f"EVAL_TOKENS={profile.eval_tokens}, VOCAB_SIZE={profile.vocab_size})")
+    if profile.eval_tokens < full_eval_tokens:
+        print(f"Sample corpus: its val split is too small for EVAL_TOKENS={full_eval_tokens} of profile "
+              f"{profile.name!r}: it scores {profile.eval_tokens} tokens (a noisier val_bpb)")
 
+    # the sample never replaces other data, nor stands in for the default profile (21M val tokens; it holds ~0.1M)
+    may_fall_back = source is None and profile.name in SAMPLE_PROFILES and SAMPLE_DIR.is_dir() and \
+        (old is None or old.get("dataset") == "sample")
     staged_data = staged_tokenizer = None
+    offline = False
     try:
         counts = {}
         if dataset == "climbmix":  # downloads are validated file by file and shared by every climbmix profile
@@ -1117,10 +1147,20 @@ def prepare(dataset, source, profile, num_shards, workers, force, root=None, bas
         if staged_tokenizer is not None:
             shutil.rmtree(root / "tokenizer", ignore_errors=True)
             staged_tokenizer.rename(root / "tokenizer")
+    except OfflineError:
+        if not may_fall_back:
+            raise
+        offline = True
     finally:
         for leftover in (staged_data, staged_tokenizer):
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
+    if offline:
+        size = sum(f.stat().st_size for f in source_files(SAMPLE_DIR)) / 2 ** 20
+        print(f"offline: preparing the sample corpus shipped in data/sample/ ({size:.1f} MB of public-domain English "
+              f"text) instead of {dataset}; for real data run `uv run prepare.py --force` online, or add "
+              f"`--source PATH --force` for local text")
+        return prepare(dataset, SAMPLE_DIR, profile, num_shards, workers, force, root, base_url, backoff)
     meta = {"dataset": dataset, "source": source_id, "profile": profile.name, "data_dir": str(data_dir.relative_to(root)),
             "val_name": val_name, "holdout_name": holdout_name, "max_seq_len": profile.max_seq_len, "eval_tokens": profile.eval_tokens,
             "vocab_size": profile.vocab_size, "doc_chars": profile.doc_chars,
@@ -1212,7 +1252,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Prepare data, tokenizer and evaluation constants for autoresearch (FROZEN).")
     parser.add_argument("--dataset", choices=["climbmix", "tinystories"],
                         help="dataset to download from Hugging Face (default: climbmix, as karpathy/autoresearch, for "
-                             "the default profile; tinystories for small and cpu)")
+                             "the default profile; tinystories for small and cpu, which fall back to the sample in "
+                             "data/sample when offline)")
     parser.add_argument("--source", metavar="PATH", help="use local .txt/.jsonl(text)/.parquet(text) files instead of downloading (offline)")
     parser.add_argument("--profile", choices=sorted(PROFILES),
                         help="evaluation constants: default (H100), small (Mac / small GPU), cpu (default: the class of "

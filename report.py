@@ -16,6 +16,7 @@ pass@1 -> max).
 """
 
 import argparse
+import collections
 import math
 import sys
 from dataclasses import dataclass
@@ -199,18 +200,32 @@ def format_summary(s):
     return "\n".join(lines)
 
 
-def format_kept(table, metric_name, runs=None):
+def format_kept(table, metric_name, runs=None, by=None):
     """The kept commits as a plain text table; runs: {commit: [metric of each run]} (from the events) adds, for a
-    commit measured more than once, its runs under it (the metric column is their mean)."""
+    commit measured more than once, its runs under it (the metric column is their mean); by: {commit: who proposed
+    it} adds that column."""
     if not table:
         return "kept commits: none"
-    width = max(len(metric_name), 9)
-    lines = [f"{'commit':<8} {metric_name:>{width}} {'gain':>10}  description"]
+    width, who = max(len(metric_name), 9), max([len(v) for v in (by or {}).values()] + [2]) if by else 0
+    lines = [f"{'commit':<8} {metric_name:>{width}} {'gain':>10}  " + (f"{'by':<{who}}  " if by else "")
+             + "description"]
     for t in table:
-        lines.append(f"{t['commit']:<8} {t['metric']:>{width}.6f} {_signed(t['gain']):>10}  {t['description']}")
+        shown = f"{by.get(t['commit'], '-'):<{who}}  " if by else ""
+        lines.append(f"{t['commit']:<8} {t['metric']:>{width}.6f} {_signed(t['gain']):>10}  {shown}{t['description']}")
         if len((runs or {}).get(t["commit"]) or []) > 1:
             lines.append(f"{'':<8} {'':>{width}} {'':>10}    runs: {', '.join(f'{m:.6f}' for m in runs[t['commit']])}")
     return "\n".join(lines)
+
+
+def proposers_of(events, tag=None):
+    """({commit: who proposed it}, the line counting experiments and keeps per proposer) from the experiment events:
+    an event's `by` (the hybrid's sampler, "llm override", "llm code"), else its proposer ("external": `try`)."""
+    exps = [e for e in experiment_events(events, tag) if e.get("n")]
+    who = {e["commit"]: e.get("by") or e.get("proposer") or "?" for e in exps}
+    counts = collections.Counter(who[e["commit"]] for e in exps)
+    keeps = collections.Counter(who[e["commit"]] for e in exps if e["status"] == "keep")
+    line = "proposed by  " + ", ".join(f"{name} {k} ({keeps[name]} kept)" for name, k in counts.most_common())
+    return who, line if exps else ""
 
 
 def format_events(st):
@@ -454,7 +469,10 @@ def main(argv=None):
               + ", ".join(f"{row.commit} {row.status}" for row in smoke[:10]) + (" ..." if len(smoke) > 10 else ""))
     print()
     runs = {e["commit"]: e.get("runs") for e in experiment_events(run.events or [], run.tag)}
-    print(format_kept(kept_table(rows, run.goal), run.metric_name, runs))
+    who, line = proposers_of(run.events or [], run.tag)
+    print(format_kept(kept_table(rows, run.goal), run.metric_name, runs, who if len(set(who.values())) > 1 else None))
+    if line:
+        print(line)
     noise_sd, runs = noise_of(run)
     if noise_sd:
         print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds)")

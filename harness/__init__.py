@@ -23,8 +23,10 @@ files a change touches.
     target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
     prompts     every word the LLM reads, and the history table
     edits       DESCRIPTION + SEARCH/REPLACE answers -> a new train.py (the one path every proposer's answer takes)
-    proposers   who proposes: the LLM providers (retries, prices, Spend) and random/grid, one signature
-    perturb     the random/grid perturbations of train.py's UPPER_CASE constants
+    proposers   who proposes: the LLM providers (retries, prices, Spend), the samplers and grid, one signature
+    search      the numeric search: the space of train.py's constants, the Optuna study (rebuilt from the events)
+    hybrid      --proposer hybrid: the sampler's point, accepted or overridden by the LLM; code edits after a stall
+    perturb     the grid sweep of train.py's UPPER_CASE constants, and the PROFILE branch that runs
     gitops      git: the branch, candidate commits and refs, exports of a commit's blobs, notes, the repository lock
     ledger      results.tsv and events.jsonl: the formats, writing, reading, resume facts, git note text
     usage       a run's memory, measured by the harness (process tree RSS, NVML)

@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import conditions, console, gitops, holdout, ledger, verdict
+from harness import conditions, console, gitops, holdout, ledger, search, verdict
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -54,6 +54,17 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None):
 
 
 @locked
+def evaluator_only_inside(s):
+    """The evaluator-only paths (prepare.py --frozen-inputs) that lie inside the target, relative to it: a corpus
+    committed with the target holds the validation text, so no run dir gets a copy."""
+    found = []
+    for p in ((s.evaluation or {}).get("inputs") or {}).get("evaluator_only", []):
+        path = Path(p).resolve()
+        if path.is_relative_to(s.target):
+            found.append(path.relative_to(s.target).as_posix())
+    return found
+
+
 def make_candidate_ref(s, n, sha):
     """Keep commit sha reachable as experiment n's candidate ref (the baseline's is the branch start)."""
     return gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha)
@@ -111,7 +122,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False):
                 s.evaluation, fresh_frozen, device, s.speed_probe)
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
-        gitops.export_commit(s.repo, sha, s.target_rel, run_dir)
+        gitops.export_commit(s.repo, sha, s.target_rel, run_dir, leave_out=evaluator_only_inside(s))
         spec.log.parent.mkdir(parents=True, exist_ok=True)
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
@@ -246,6 +257,7 @@ def record(s, result):
     for snap in s.live:
         snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
     s.history.append(event)
+    search.tell(s, event)                   # the study (a cache of the events) learns of it, whoever proposed it
     holdout.prune_artifacts(s.home, (0, s.best_event["n"]), len(s.history))
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric

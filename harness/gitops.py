@@ -194,18 +194,22 @@ def open_stage(repo, path, commit):
     return stage
 
 
-def export_commit(repo, commit, rel, dest):
+def export_commit(repo, commit, rel, dest, leave_out=()):
     """Write the files of `commit`'s subtree `rel` ("" for the root) into the new directory dest: exactly the
     committed bytes (read as blobs, so no filter, `export-subst` or other attribute of your config or of the
     repository can change what is measured), no .git, nothing untracked. Executable bits are kept; symbolic links and
-    submodules are left out. Returns dest."""
+    submodules are left out, and so are the files at or under the paths `leave_out` (relative to rel: the
+    evaluation's own data, such as a sample corpus committed with the target). Returns dest."""
     dest = Path(dest)
     dest.mkdir(parents=True)
     tree = repo.commit(commit).tree
     for item in (tree / rel if rel else tree).traverse():
         if item.type != "blob" or item.mode & 0o170000 != 0o100000:     # trees, links, submodules
             continue
-        path = dest / (item.path[len(rel) + 1:] if rel else item.path)
+        inner = item.path[len(rel) + 1:] if rel else item.path
+        if any(inner == out or inner.startswith(out.rstrip("/") + "/") for out in leave_out):
+            continue
+        path = dest / inner
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(item.data_stream.read())
         if item.mode & 0o111:

@@ -10,7 +10,7 @@ import dataclasses
 import re
 import time
 
-from harness import console, experiment, ledger
+from harness import console, experiment, hybrid, ledger
 from harness.edits import EditError, answer_for, apply_answer, fingerprint
 from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
@@ -36,6 +36,13 @@ class Idea:
     fixes: int = 0                      # an interrupted fix redone: its number, the experiment it fixes, its words
     fix_of: int | None = None
     fix_words: str = ""
+    by: str = ""                        # who chose it when the proposer mixes (hybrid: the sampler or the LLM)
+    why: str = ""                       # the LLM's reason for an override or a code edit
+
+    @property
+    def credit(self):
+        """The experiment event's fields saying who proposed it and why (none for a plain proposer's idea)."""
+        return {k: v for k, v in (("by", self.by), ("why", self.why)) if v}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +98,10 @@ def propose(s, backlog, n, running, k=1):
     s.status(n, "proposing" + (f" {k} ideas" if k > 1 else ""))
     backlog.wave += 1
     found, llm = 0, backlog.proposer.is_llm
-    for i in range(1 if llm else k):       # random/grid: one draw per idea
+    if backlog.proposer.name == "hybrid":      # the sampler's points, each shown to the LLM (harness.hybrid)
+        backlog.ideas.extend(ideas := hybrid.propose(s, backlog, n, train_src, running, k))
+        found, llm, k = len(ideas), True, 0
+    for i in range(1 if llm and k else k):     # samplers, grid: one draw per idea
         ideas = ask_for_edit(s, backlog, n + i, [{"role": "user", "content": prompt}], train_src, running,
                              k if llm else 1)
         backlog.ideas.extend(ideas)
@@ -115,10 +125,12 @@ def pending(s, running):
             "again): " + "; ".join(f"#{j.n} {j.description}" for j in sorted(running, key=lambda j: j.n)))
 
 
-def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
+def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None, again=REPAIR_PROMPT):
     """One conversation with the proposer: an answer with no usable idea goes back with the exact error, at most
     MAX_REPAIRS times. An answer may hold up to k ideas (a DESCRIPTION line each, then its blocks); the unusable
-    ones of an answer that has some usable ones are dropped (logged). Returns the usable Ideas, [] if none."""
+    ones of an answer that has some usable ones are dropped (logged). read(text) -> [(description, source, answer,
+    by, why)] reads another kind of answer (the hybrid's, whose repair request is `again`), raising EditError.
+    Returns the usable Ideas, [] if none."""
     before = s.spend
     for repair in range(MAX_REPAIRS + 1):
         reply = backlog.proposer.ask(backlog.system, messages, train_src, n)
@@ -127,11 +139,13 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
               input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
               cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3), wave=backlog.wave)
         ideas, errors = [], []
-        for answer in split_ideas(reply.text)[:k]:
+        for answer in split_ideas(reply.text)[:k] if read is None else [reply.text]:
             try:
-                description, source = apply_answer(answer, train_src, FROZEN)
-                check_new(s, source, [*in_flight(backlog, running), *ideas])
-                ideas.append(Idea(description, source, answer, s.best_commit, repair, Spend(), backlog.wave))
+                for description, source, text, by, why in read(answer) if read else \
+                        [(*apply_answer(answer, train_src, FROZEN), answer, "", "")]:
+                    check_new(s, source, [*in_flight(backlog, running), *ideas])
+                    ideas.append(Idea(description, source, text, s.best_commit, repair, Spend(), backlog.wave,
+                                      by=by, why=why))
             except EditError as e:
                 errors.append(str(e))
         cost = (s.spend - before).share(max(1, len(ideas)))
@@ -142,7 +156,7 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1):
         error = errors[0] if len(errors) == 1 else "; ".join(f"idea {i + 1}: {e}" for i, e in enumerate(errors))
         s.log("repair", n=n, repair=repair, error=error, answer=reply.text[-4000:])
         messages = messages + [{"role": "assistant", "content": reply.text},
-                               {"role": "user", "content": REPAIR_PROMPT.format(error=error)}]
+                               {"role": "user", "content": again.format(error=error)}]
     return []
 
 

@@ -1,11 +1,11 @@
 """
-HARNESS: the proposers without an LLM. `random` and `grid` perturb one UPPER_CASE numeric constant of train.py
-(in the `if PROFILE == ...` branch that actually runs) and answer in the LLM's own format, so their answers take
-the same path through edits.apply_answer. Pure text in, text out: never touches files, git or the ledger.
+HARNESS: the grid sweep, and the `if PROFILE == ...` branch of train.py that runs. `grid` moves one UPPER_CASE numeric
+constant one step from the best, each in turn, and answers in the LLM's own format, so its answers take the same path
+through edits.apply_answer (the samplers, harness.search, read the same branch). Pure text in, text out: never touches
+files, git or the ledger.
 """
 
 import ast
-import random
 import re
 
 from harness.errors import Stop
@@ -73,20 +73,17 @@ def numeric_constants(source, profile=None):
     return found
 
 
-def moves(number, kind, wide):
-    """New literal texts for one constant: powers of two stay powers of two, ints stay ints (>= 1), floats are
-    scaled (values in (0.5, 1) scale their distance to 1, so betas and ratios stay below 1). wide=False gives the
-    grid's two single steps (down, up); wide=True the random proposer's broader choice."""
+def moves(number, kind):
+    """The grid's two single steps (down, up) of one constant, as literal texts: powers of two stay powers of two,
+    ints stay ints (>= 1), floats are halved and doubled (values in (0.5, 1) scale their distance to 1, so betas and
+    ratios stay below 1)."""
     if kind == "pow2":
         return [f"2**{k}" for k in (number - 1, number + 1) if k >= 0]
     if kind == "int":
-        if number & (number - 1) == 0:
-            candidates = [number // 2, number * 2] + ([number // 4, number * 4] if wide else [])
-        else:
-            factors = (0.5, 0.75, 1.25, 1.5, 2.0) if wide else (0.75, 1.25)
-            candidates = [max(1, round(number * f)) for f in factors]
+        candidates = [number // 2, number * 2] if number & (number - 1) == 0 else \
+            [max(1, round(number * f)) for f in (0.75, 1.25)]
         return list(dict.fromkeys(str(c) for c in candidates if c >= 1 and c != number))
-    factors = (0.5, 0.7, 1.4, 2.0) if wide else (0.5, 2.0)
+    factors = (0.5, 2.0)
     if 0.5 < number < 1:
         candidates = [1 - (1 - number) * f for f in factors]
     else:
@@ -100,32 +97,24 @@ def moves(number, kind, wide):
     return texts
 
 
-def perturb(train_src, proposer, n, seed, tag, profile=None, attempt=0):
-    """The random/grid proposer: an answer in the LLM's format changing one UPPER_CASE constant.
-
-    random: a seeded choice per experiment n (reproducible on resume); grid: the (n-1)-th single step of a sweep
-    over every constant, down then up. attempt > 0 (a repair: the first answer was refused, e.g. as a duplicate of
-    an experiment already measured) takes another choice, the next step of the sweep. profile selects the `if PROFILE == ...` branch (see numeric_constants).
-    Raises Stop when train.py has no constant to perturb; returns "" (no idea) when it does not parse (its own run
-    crashes and says why: the baseline's stops the loop)."""
+def grid(train_src, n, profile=None, attempt=0):
+    """The grid proposer: an answer in the LLM's format changing one UPPER_CASE constant: the (n-1)-th single step of
+    a sweep over every constant, down then up. attempt > 0 (a repair: the first answer was refused, e.g. as a
+    duplicate of an experiment already measured) takes the next step of the sweep. profile selects the
+    `if PROFILE == ...` branch (see numeric_constants). Raises Stop when train.py has no constant to move; returns ""
+    (no idea) when it does not parse (its own run crashes and says why: the baseline's stops the loop)."""
     try:
         found = numeric_constants(train_src, profile)
     except SyntaxError:
         return ""
-    options = [(name, line, span, new) for name, line, span, number, kind in found
-               for new in moves(number, kind, wide=proposer == "random")]
+    options = [(name, line, span, new) for name, line, span, number, kind in found for new in moves(number, kind)]
     if not options:
-        raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for "
-                   f"--proposer {proposer} to perturb; use an LLM proposer")
-    if proposer == "random":
-        rng = random.Random(f"{seed}:{tag}:{n}" + (f":{attempt}" if attempt else ""))
-        name = rng.choice(sorted({o[0] for o in options}))
-        name, line, (start, end), new = rng.choice([o for o in options if o[0] == name])
-    else:
-        name, line, (start, end), new = options[(n - 1 + attempt) % len(options)]
+        raise Stop("train.py has no module-level UPPER_CASE numeric constants (e.g. `LR = 0.04`) for --proposer grid "
+                   "to move; use an LLM proposer")
+    name, line, (start, end), new = options[(n - 1 + attempt) % len(options)]
     context, last = line[:line.rstrip("\n").rfind("\n") + 1], line[line.rstrip("\n").rfind("\n") + 1:]
     raw = last.encode()
     old, replaced = raw[start:end].decode(), context + (raw[:start] + new.encode() + raw[end:]).decode()
-    return (f"DESCRIPTION: {proposer}: {name} {old} -> {new}\n"
+    return (f"DESCRIPTION: grid: {name} {old} -> {new}\n"
             f"<<<<<<< SEARCH\n{line}=======\n{replaced}>>>>>>> REPLACE\n")
 

@@ -71,6 +71,45 @@ This is the train.py that crashed:
 If the bug is simple to fix (a typo, a shape mismatch, a missing import), answer with a fix that keeps the
 idea, in the same format (DESCRIPTION line, then SEARCH/REPLACE blocks against this train.py)."""
 
+HYBRID_PROMPT = """\
+# program.md (the human's instructions: the goal, the rules, the research directions)
+{program}
+
+# The numeric search
+A {sampler} sampler (Optuna) sets train.py's UPPER_CASE constants; every experiment, whoever chose it, is told to it.
+{metric}: {goal} is better. Its state:
+{state}
+
+Its next point, experiment #{n}: {point}
+
+Answer with exactly one of these, and nothing else:
+- {{"decision": "accept", "reason": "<why>"}} to run the sampler's point as it is;
+{override}{code}"""
+
+HYBRID_OVERRIDE = """\
+- {"decision": "override", "values": {"NAME": value, ...}, "reason": "<why>"} to replace some of its values (the
+  others stay the sampler's; each within the range above; at most a share of the experiments may be overridden, so
+  override only when the history shows the point is a poor bet);
+"""
+
+HYBRID_CODE = """\
+- or, since the numeric search has gone {stall} experiments without a keep, a code edit instead of a point: not
+  JSON but the usual format (a DESCRIPTION line, then SEARCH/REPLACE blocks against the train.py below), with a
+  line `REASON: <why>`.
+
+# Experiment history
+{history}
+
+# Current train.py
+```python
+{train}
+```
+"""
+
+HYBRID_REPAIR = """\
+Your answer was rejected: {error}
+Answer again with one JSON object as described{code}."""
+
 REPAIR_PROMPT = """\
 Your answer was rejected: {error}
 Answer again in the exact format (a DESCRIPTION line, then SEARCH/REPLACE blocks against the same train.py)."""

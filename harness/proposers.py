@@ -14,9 +14,10 @@ from typing import Callable
 
 from harness import console
 from harness.errors import SetupError, Stop
-from harness.perturb import perturb
+from harness.perturb import grid
 
 LLM_PROVIDERS = ("anthropic", "openai")
+PROPOSERS = (*LLM_PROVIDERS, "tpe", "cmaes", "random", "grid", "hybrid")   # --proposer (harness/search.py: samplers)
 RETRY_CAP_S = 60.0              # longest sleep between LLM retries
 MAX_OUTPUT_TOKENS = 16384
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-5-5", "openai": "gpt-5.5"}
@@ -83,7 +84,8 @@ class Proposer:
     profile: str | None = None
     on_retry: Callable | None = None
     ping: Callable | None = None            # the LLM provider's smallest request: () -> Reply, one attempt
-    asked: dict = dataclasses.field(default_factory=dict)  # random/grid: experiment n -> perturbations asked for it
+    asked: dict = dataclasses.field(default_factory=dict)  # no LLM: experiment n -> points asked for it
+    suggest: Callable | None = None         # a sampler: (train_src, n, attempt) -> answer
 
     @property
     def is_llm(self):
@@ -94,7 +96,9 @@ class Proposer:
         """One answer: the LLM's (transient errors retried, see call_with_retries), or a perturbation."""
         if self.call is None:
             self.asked[n] = attempt = self.asked.get(n, -1) + 1    # a repair or a retry asks for another choice
-            return Reply(perturb(train_src, self.name, n, self.args.seed, self.args.tag, self.profile, attempt))
+            if self.suggest is not None:
+                return Reply(self.suggest(train_src, n, attempt))
+            return Reply(grid(train_src, n, self.profile, attempt))
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
 
     def check(self):
@@ -116,14 +120,17 @@ def make_proposer(args):
     """The Proposer for --proposer (with --model, --base-url, --seed, --retry-base-delay, --tag from args).
     The SDKs' own retries are off (max_retries=0): call_with_retries owns them. Raises SetupError when an LLM
     proposer has no key."""
-    if args.proposer not in LLM_PROVIDERS:
+    if args.llm is None and args.proposer != "hybrid":
         return Proposer(args.proposer, None, args=args)
-    key = os.environ.get(KEY_ENV[args.proposer]) or ("unused" if args.base_url else None)  # local servers take any key
+    if args.llm is None:
+        raise SetupError("--proposer hybrid needs an LLM: set ANTHROPIC_API_KEY or OPENAI_API_KEY (or --base-url for "
+                         "a local server); without a key use --proposer tpe or cmaes")
+    key = os.environ.get(KEY_ENV[args.llm]) or ("unused" if args.base_url else None)  # local servers take any key
     if not key:
-        raise SetupError(f"--proposer {args.proposer} needs {KEY_ENV[args.proposer]} in the environment (or --base-url "
-                         "for a local server); without a key use --proposer random")
+        raise SetupError(f"--proposer {args.proposer} needs {KEY_ENV[args.llm]} in the environment (or --base-url "
+                         "for a local server); without a key use --proposer tpe")
     # The SDKs are imported only here: the random and grid proposers (and a GPU box without them) never load them.
-    if args.proposer == "anthropic":
+    if args.llm == "anthropic":
         import anthropic
         client = anthropic.Anthropic(api_key=key, base_url=args.base_url, max_retries=0, timeout=600)
         return Proposer(args.proposer, args.model, lambda system, messages: ask_anthropic(
@@ -224,12 +231,13 @@ def call_with_retries(call, system, messages, args, on_retry=None, unreachable_s
         except (anthropic.APIConnectionError, openai.APIConnectionError) as e:
             problem = f"{type(e).__name__}: {e}"
             if unreachable_stops:
-                raise Stop(f"cannot reach {args.base_url or f'the {args.proposer} API'} ({problem}): is the server "
+                raise Stop(f"cannot reach {args.base_url or f'the {args.llm} API'} ({problem}): is the server "
                            "running and the address right (--base-url)? Rerun once it answers") from None
         except BadReply as e:
-            where = args.base_url or f"the {args.proposer} API"
-            api = "an Anthropic Messages" if args.proposer == "anthropic" else "an OpenAI Chat Completions"
-            raise Stop(f"{where} answered, but not in {api} format ({e}): check --base-url and --proposer") from None
+            where = args.base_url or f"the {args.llm} API"
+            api = "an Anthropic Messages" if args.llm == "anthropic" else "an OpenAI Chat Completions"
+            raise Stop(f"{where} answered, but not in {api} format ({e}): check --base-url and the key you "
+                       "set") from None
         except (anthropic.APIStatusError, openai.APIStatusError) as e:
             if e.status_code not in (408, 409, 425, 429) and e.status_code < 500:
                 raise Stop(fatal_llm_message(args, e)) from None
@@ -242,9 +250,9 @@ def call_with_retries(call, system, messages, args, on_retry=None, unreachable_s
 
 def fatal_llm_message(args, e):
     """A clear message for an LLM error that retrying cannot fix."""
-    where = args.base_url or f"the {args.proposer} API"
+    where = args.base_url or f"the {args.llm} API"
     if e.status_code in (401, 403):
-        return f"{where} refused the key (HTTP {e.status_code}): check {KEY_ENV[args.proposer]}. {e.message}"
+        return f"{where} refused the key (HTTP {e.status_code}): check {KEY_ENV[args.llm]}. {e.message}"
     if e.status_code == 404:
         return (f"{where} does not know model {args.model!r} or the endpoint (HTTP 404): pass a valid --model "
                 f"(and --base-url). {e.message}")

@@ -78,6 +78,7 @@ class Session:
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
     recorded: bool = False              # `try`: this invocation's experiment is recorded
     pool: object = None                 # harness.pool.Pool: the devices of the loop (None for `try`)
+    search: object = None               # harness.search.Search: the tag's study, once a search opened it
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
     prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
     touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.edits import clean_description
 from harness.pool import parse_devices
-from harness.proposers import DEFAULT_MODELS, RETRY_CAP_S
+from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM
 
 MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
@@ -41,7 +41,12 @@ class Settings:
     verdict: str | None                 # --verdict paired | margin (None: the tag's, or paired for a new tag)
     false_keep: float | None            # --false-keep-rate of the paired rule (None: the tag's, or FALSE_KEEP)
     source: str | None                  # local files to prepare the data from when none is prepared
-    proposer: str = "external"          # anthropic | openai | random | grid; "external" for `try`
+    proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
+    llm: str | None = None              # the LLM provider of anthropic | openai | hybrid (from the keys present)
+    sampler: str = "cmaes"              # --sampler of --proposer hybrid
+    llm_share: float = 0.3              # --llm-share: the most experiments the hybrid's LLM may override
+    stall: int = 8                      # --stall: experiments without a keep before the hybrid asks for code edits
+    chosen: str = ""                    # why the proposer is the one it is (said at start when not given)
     model: str | None = None            # the LLM model (its default filled in)
     base_url: str | None = None         # an OpenAI-compatible endpoint
     max_experiments: int | None = None  # limits of the loop: experiments after the baseline (whole tag),
@@ -76,10 +81,18 @@ def parse_args(argv):
                     "events.jsonl. Rerun the same command to resume after a stop, Ctrl-C or crash.")
     p.add_argument("--tag", required=True, help="run name: work happens on branch autoresearch/<tag> (created from "
                    "HEAD, or resumed if it exists)")
-    p.add_argument("--proposer", choices=("anthropic", "openai", "random", "grid"),
+    p.add_argument("--proposer", choices=PROPOSERS,
                    help="who proposes edits. Default: anthropic if ANTHROPIC_API_KEY is set, else openai if "
-                   "OPENAI_API_KEY is set (or --base-url is given); random/grid perturb train.py's UPPER_CASE "
-                   "constants and need no key")
+                   "OPENAI_API_KEY is set (or --base-url is given), else tpe. tpe/cmaes/random: an Optuna sampler "
+                   "sets train.py's UPPER_CASE constants (no key; docs/search.md); grid: one constant a step at a "
+                   "time; hybrid: a sampler whose points an LLM accepts or overrides, and code edits from the LLM "
+                   "when the search stalls (a key)")
+    p.add_argument("--sampler", choices=("cmaes", "tpe"), default="cmaes", help="--proposer hybrid's sampler "
+                   "(default cmaes, as in the Centaur study)")
+    p.add_argument("--llm-share", type=number(0, above=True, most=1.0), default=0.3, help="--proposer hybrid: the "
+                   "largest share of experiments whose point the LLM may override (default 0.3)")
+    p.add_argument("--stall", type=number(0, int, above=True), default=8, help="--proposer hybrid: after this many "
+                   "experiments without a keep the LLM may propose a code edit instead of a point (default 8)")
     p.add_argument("--model", help=f"LLM model (default: {DEFAULT_MODELS['anthropic']} for anthropic, "
                    f"{DEFAULT_MODELS['openai']} for openai)")
     p.add_argument("--base-url", help="API endpoint, e.g. an OpenAI-compatible server (vLLM, ollama, DeepSeek, "
@@ -101,29 +114,30 @@ def parse_args(argv):
                    "(default: while a candidate trains, the next idea is already asked for)")
     p.add_argument("--no-holdout", action="store_true", help="at the stop, skip re-scoring the baseline and the "
                    "best on the hidden holdout split (a few minutes on a CPU; `report.py --holdout` does it later)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --proposer random (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samplers and --proposer random (default 0)")
     p.add_argument("--retry-base-delay", type=number(0, above=True), default=2.0, help="first backoff in seconds "
                    f"after a transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried "
                    "forever")
     args = p.parse_args(argv)
     args.command = "loop"
     check_common(p, args)
+    llm = "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else \
+        "openai" if os.environ.get("OPENAI_API_KEY") or args.base_url else None
+    args.chosen = ""
     if args.proposer is None:
-        if os.environ.get("ANTHROPIC_API_KEY"):
-            args.proposer = "anthropic"
-        elif os.environ.get("OPENAI_API_KEY") or args.base_url:
-            args.proposer = "openai"
-        else:
-            p.error("no LLM key: set ANTHROPIC_API_KEY or OPENAI_API_KEY, or run without an LLM with "
-                    "--proposer random (or grid)")
+        args.proposer = llm or "tpe"
+        args.chosen = "" if llm else (
+            "no LLM key, so --proposer tpe: Optuna's TPE sampler sets train.py's UPPER_CASE constants (docs/search.md)."
+            " For LLM edits set ANTHROPIC_API_KEY or OPENAI_API_KEY (or --base-url), or pick --proposer hybrid")
+    args.llm = args.proposer if args.proposer in ("anthropic", "openai") else llm if args.proposer == "hybrid" else None
     if args.devices is not None and args.ray is not None:
         p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
     try:
         args.device_list = tuple(parse_devices(args.devices, THREADS))
     except ValueError as e:
         p.error(str(e))
-    if args.model is None and args.proposer in DEFAULT_MODELS:
-        args.model = DEFAULT_MODELS[args.proposer]
+    if args.model is None and args.llm in DEFAULT_MODELS:
+        args.model = DEFAULT_MODELS[args.llm]
     return args
 
 
@@ -193,17 +207,17 @@ def add_common_flags(p):
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
 
 
-def number(low, kind=float, above=False):
-    """An argparse type: a finite `kind` (float or int) of at least `low` (above `low` with above=True). A value out
-    of range, nan or inf exits 2 with "argument --FLAG: ..." naming the range."""
+def number(low, kind=float, above=False, most=math.inf):
+    """An argparse type: a finite `kind` (float or int) of at least `low` (above `low` with above=True), at most
+    `most`. A value out of range, nan or inf exits 2 with "argument --FLAG: ..." naming the range."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if not math.isfinite(value) or value < low or above and value == low:
+        if not math.isfinite(value) or value < low or above and value == low or value > most:
             raise argparse.ArgumentTypeError(f"{text!r}: use a finite number {'above' if above else 'of at least'} "
-                                             f"{low:g}")
+                                             f"{low:g}" + (f" and at most {most:g}" if most < math.inf else ""))
         return value
     return parse
 

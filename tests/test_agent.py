@@ -240,14 +240,6 @@ def test_ratchet_branch_checked_out_is_refused(target, capsys):
     assert "autoresearch/t is checked out in" in capsys.readouterr().err and len(rows(target)) == 1
 
 
-def test_no_key_and_no_proposer_names_both_ways(target, monkeypatch, capsys):
-    monkeypatch.delenv("ANTHROPIC_API_KEY")
-    with pytest.raises(SystemExit) as e:
-        agent.main(["--tag", "t", "--target", str(target)])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "--proposer random" in err and "ANTHROPIC_API_KEY" in err and "OPENAI_API_KEY" in err
-
-
 def test_a_fresh_machine_prepares_its_data_first(target, capfd, tmp_path):
     """No prepared data: agent.py runs prepare.py (with --source when given) and goes on; a failure stops with its
     message and changes nothing."""

@@ -8,7 +8,7 @@ import pytest
 from agent_target import edit
 from harness.edits import EditError, apply_answer
 from harness.errors import SetupError
-from harness.perturb import moves, numeric_constants, perturb
+from harness.perturb import grid, moves, numeric_constants
 from harness.proposers import price
 from harness.runner import parse_summary, read_metric
 from harness.target import default_timeout, effective_budget, read_frozen_constants
@@ -67,15 +67,14 @@ def test_perturbations_keep_types_and_powers_of_two():
     found = {name: (number, kind) for name, _, _, number, kind in numeric_constants(src)}
     assert found == {"TOTAL_BATCH_SIZE": (19, "pow2"), "DEPTH": (8, "int"), "HEADS": (6, "int"),
                      "MATRIX_LR": (0.04, "float"), "BETA": (0.95, "float"), "LAYER_2": (2, "int")}
-    assert moves(19, "pow2", wide=False) == ["2**18", "2**20"]
-    assert moves(8, "int", wide=True) == ["4", "16", "2", "32"]
-    assert moves(6, "int", wide=False) == ["4", "8"]
-    assert moves(0.04, "float", wide=False) == ["0.02", "0.08"]
-    assert moves(0.95, "float", wide=False) == ["0.975", "0.9"]
-    answer = perturb(src, "grid", 1, 0, "t")             # LAYER_2's value is replaced, not its name
+    assert moves(19, "pow2") == ["2**18", "2**20"]
+    assert moves(8, "int") == ["4", "16"]
+    assert moves(6, "int") == ["4", "8"]
+    assert moves(0.04, "float") == ["0.02", "0.08"]
+    assert moves(0.95, "float") == ["0.975", "0.9"]
+    answer = grid(src, 1)                                # LAYER_2's value is replaced, not its name
     assert apply_answer(answer, src)[1].count("TOTAL_BATCH_SIZE = 2**18\n") == 1
-    assert apply_answer(perturb(src, "grid", 12, 0, "t"), src)[1].endswith("LAYER_2 = 4\nwidth = 64\n")
-    assert perturb(src, "random", 3, 0, "t") == perturb(src, "random", 3, 0, "t")
+    assert apply_answer(grid(src, 12), src)[1].endswith("LAYER_2 = 4\nwidth = 64\n")
 
 
 def test_frozen_constants_and_timeout(tmp_path, monkeypatch):
@@ -115,7 +114,7 @@ def test_perturbations_follow_the_profile_branch():
     assert names("small") == {"LR": 0.5, "DEPTH": 6, "HEAD_DIM": 64}
     assert names("default") == {"LR": 0.5, "DEPTH": 8, "BATCH": 19}     # no branch named: the else
     # HEAD_DIM = 64 occurs twice: the edit carries enough context to hit the small branch only
-    answers = [perturb(src, "grid", n, 0, "t", "small") for n in range(1, 7)]
+    answers = [grid(src, n, "small") for n in range(1, 7)]
     edits = [apply_answer(a, src)[1] for a in answers if "HEAD_DIM" in a.splitlines()[0]]
     assert edits and all(e.count("    HEAD_DIM = 64\n") == 1 and e.split("elif")[0] == src.split("elif")[0] for e in edits)
 

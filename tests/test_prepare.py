@@ -406,6 +406,65 @@ def test_unresolvable_host_fails_at_once_without_retries(tmp_path, capsys):
     assert "attempt" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture()
+def offline(monkeypatch):
+    """A URL on 127.0.0.1 that nobody listens on (connection refused: what download_file calls offline), also set as
+    the tinystories URL. No test reaches a real host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(P, "TINYSTORIES_URL", f"{url}/tinystories_gpt4_clean.parquet")
+    return url
+
+
+@pytest.mark.parametrize("profile, documents", [("cpu", 2681 + 7865), ("small", 1289 + 3903)])  # both files, cut
+def test_offline_cpu_and_small_prepare_the_sample_corpus_and_keep_it(offline, profile, documents, tmp_path, monkeypatch,
+                                                                      capsys):
+    """Offline, no --source, an empty cache: the sample shipped in data/sample is prepared instead, with a line saying
+    so; --check passes, the sample stays out of train.py's reach (evaluator_only), and a later run re-uses it."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    P.prepare("tinystories", None, P.PROFILES[profile], 1, 1, False, backoff=0)
+    out = capsys.readouterr().out
+    assert "offline: preparing the sample corpus shipped in data/sample/ (4.2 MB of public-domain English text) " \
+           "instead of tinystories; for real data run `uv run prepare.py --force` online, or add " \
+           "`--source PATH --force` for local text\n" in out
+    meta = json.loads((cache / "prepared.json").read_text())
+    assert (meta["dataset"], meta["source"], meta["profile"], meta["eval_tokens"]) == \
+        ("sample", str(REPO / "data" / "sample"), profile, 65536)
+    assert meta["train_docs"] + meta["val_docs"] + meta["holdout_docs"] == documents and meta["val_docs"] > 0
+    capped = "Sample corpus: its val split is too small for EVAL_TOKENS=1048576 of profile 'small': it scores 65536"
+    assert (capped in out) == (profile == "small")
+
+    assert P.main(["--check"]) == 0
+    assert f"ready: sample data in {cache}\nprofile: {profile}\n" in capsys.readouterr().out
+    assert P.main(["--frozen-inputs"]) == 0
+    assert str(REPO / "data" / "sample") in json.loads(capsys.readouterr().out)["evaluator_only"]
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a prepared sample is re-used without a download")
+    monkeypatch.setattr(P, "download_file", no_network)
+    assert P.main(["--profile", profile]) == 0
+    assert f"Already prepared: sample data with profile {profile!r} in {cache} (--force to redo)" in \
+        capsys.readouterr().out
+
+
+def test_offline_default_profile_and_other_data_never_fall_back(offline, tmp_path, capsys):
+    """The default profile (an H100's 21M eval tokens) stops offline with --source in the message; a cache holding
+    other data is never replaced by the sample, not even with --force."""
+    with pytest.raises(P.OfflineError, match=r"cannot reach 127\.0\.0\.1:\d+ \(offline\?\): prepare local text instead "
+                       r"with --source PATH, e\.g\. `uv run prepare\.py --source data/sample --profile cpu`"):
+        P.prepare("climbmix", None, P.PROFILES["default"], 1, 1, False, root=tmp_path / "h100", base_url=offline,
+                  backoff=0)
+    assert "sample" not in capsys.readouterr().out and not (tmp_path / "h100" / "prepared.json").exists()
+
+    P.prepare("climbmix", str(CORPORA / "tinyshakespeare.txt"), TINY, 1, 1, False, root=tmp_path / "own")
+    with pytest.raises(P.OfflineError, match="--source"):
+        P.prepare("tinystories", None, P.PROFILES["cpu"], 1, 1, True, root=tmp_path / "own", backoff=0)
+    kept = P.load_prepared(tmp_path / "own")
+    assert (kept.dataset, kept.profile) == ("local", TINY) and "offline: preparing" not in capsys.readouterr().out
+
+
 def test_climbmix_download_pins_the_val_and_holdout_shards(server, tmp_path):
     url, files, _ = server
     for name in ("shard_00000.parquet", "shard_00001.parquet", P.VAL_SHARD_NAME, P.HOLDOUT_SHARD_NAME):

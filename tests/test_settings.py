@@ -37,6 +37,10 @@ TRY = ["try", "--tag", "t", "--baseline"]
     (LOOP + ["--margin", "0.01", "--false-keep-rate", "0.1"], "--false-keep-rate is the paired rule's: leave it out "
                                                               "with --verdict margin or --margin (the margin decides "
                                                               "there)"),
+    (LOOP + ["--llm-share", "0"], "argument --llm-share: '0': use a finite number above 0 and at most 1"),
+    (LOOP + ["--llm-share", "1.5"], "argument --llm-share: '1.5': use a finite number above 0 and at most 1"),
+    (LOOP + ["--stall", "0"], "argument --stall: '0': use a finite number above 0"),
+    (LOOP + ["--stall", "2.5"], "argument --stall: '2.5' is not an integer"),
 ])
 def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -52,3 +56,5 @@ def test_numbers_in_range_are_parsed():
     assert type(s.max_experiments) is int and type(s.baseline_runs) is int
     assert (parse(LOOP + ["--false-keep-rate", "0.1"]).false_keep, parse(TRY).false_keep, parse(TRY).verdict) == \
         (0.1, None, None)
+    h = parse(["--tag", "t", "--proposer", "hybrid", "--llm-share", "1", "--stall", "3", "--sampler", "tpe"])
+    assert (h.llm_share, h.stall, h.sampler, h.llm) == (1.0, 3, "tpe", None)   # no key here: make_proposer stops

@@ -1,0 +1,533 @@
+"""
+HARNESS: the numeric search. The search space over train.py's UPPER_CASE constants (derived from their values at the
+tag's start in the `if PROFILE == ...` branch that runs, or program.md's `## Search space`), one Optuna study per tag
+in <harness dir>/study.db told of every recorded experiment whoever proposed it, and a sampler's point (TPE, CMA-ES,
+random) written as a train.py edit of those constants only. events.jsonl is the source of truth: a study that is
+missing, unreadable or disagrees with it is rebuilt from it. It never trains, judges or commits.
+"""
+
+import ast
+import dataclasses
+import json
+import math
+import random
+import re
+import time
+import warnings
+
+from harness import console
+from harness.edits import answer_for
+from harness.errors import SetupError, Stop
+from harness.gitops import GitError, file_at
+from harness.perturb import active_statements
+
+SAMPLERS = ("tpe", "cmaes", "random")   # --proposer values that are an Optuna sampler (grid: perturb.py's sweep)
+SPACE_HEADING = "## Search space"
+STUDY_DB = "study.db"
+LOG_SPAN = 3.0                  # a rate or coefficient v: log-uniform on [v / 3, 3 v]
+INT_SPAN = 2.0                  # an int v: [ceil(v / 2), 2 v], integer steps
+POW2_STEPS = 1                  # a power of two 2**k: 2**(k - 1) .. 2**(k + 1) (a model's width, a head's size) ...
+BATCH_STEPS = 2                 # ... a *BATCH* size: 2**(k - 2) .. 2**(k + 2)
+POW2_MIN = 16                   # an int power of two from 16 up is searched as one (DEPTH = 4 takes integer steps)
+SHARE_HIGH = 0.5                # a *_RATIO / *_FRAC at 0: [0, 0.5]; at v > 0: [0, min(1, 2 v)]
+PATTERNS = ("L", "SL", "SSL", "SSSL", "SSLL")   # choices of a string of S and L (a window pattern)
+SKIPPED = re.compile(r"EVAL|SEED|THREADS|PROFILE|DEVICE")  # evaluation, plumbing and per-device memory constants
+LITERAL_DIGITS = 4              # significant digits of a float written into train.py (the point told is unrounded)
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One searched constant. kind: float | int | pow2 (the study holds the exponent k of 2**k) | choice.
+    low/high bound float/int/pow2 (inclusive; pow2 in exponents), log a log-uniform float, choices a choice's values."""
+    name: str
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple = ()
+
+    def distribution(self):
+        """The Optuna distribution of this parameter."""
+        import optuna.distributions as d
+        if self.kind == "choice":
+            return d.CategoricalDistribution(self.choices)
+        if self.kind in ("int", "pow2"):
+            return d.IntDistribution(int(self.low), int(self.high))
+        return d.FloatDistribution(self.low, self.high, log=self.log)
+
+    def internal(self, value):
+        """train.py's value as the study holds it (pow2: its exponent), or None when outside this range."""
+        if self.kind == "choice":
+            return value if value in self.choices else None
+        if self.kind == "pow2":
+            if not (isinstance(value, int) and value > 0 and value & (value - 1) == 0):
+                return None
+            value = value.bit_length() - 1
+        elif self.kind == "int" and not isinstance(value, int):
+            return None
+        return value if self.low <= value <= self.high else None
+
+    def external(self, x):
+        """The study's value as train.py holds it."""
+        return 2 ** int(x) if self.kind == "pow2" else int(x) if self.kind == "int" else x
+
+    def words(self):
+        """How program.md's `## Search space` would write this parameter (the prompt and docs show it)."""
+        if self.kind == "choice":
+            return f"{self.name}: choices={','.join(map(str, self.choices))}"
+        if self.kind == "pow2":
+            return f"{self.name}: low=2**{int(self.low)} high=2**{int(self.high)}"
+        return f"{self.name}: low={self.low:g} high={self.high:g}{' log' if self.log else ''}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    """An UPPER_CASE constant of train.py written as one literal on one line: its 0-based line, the literal's UTF-8
+    byte span in that line, its value (for `2**k`: 2**k), and written ("pow2" for `2**k`, else the literal's type)."""
+    name: str
+    line: int
+    span: tuple
+    value: object
+    written: str
+
+
+def constants(source, profile):
+    """{name: Const} of the `NAME = <literal>` lines of train.py that run for profile (module level, or the branch of
+    an `if PROFILE == ...` chain that runs; perturb.active_statements). Literals: int, float, str, and `2**k`; bools
+    and computed values are left out. Raises SyntaxError when source does not parse."""
+    found = {}
+    for node in active_statements(ast.parse(source).body, profile):
+        target, value = (node.target, node.value) if isinstance(node, ast.AnnAssign) else \
+            (node.targets[0], node.value) if isinstance(node, ast.Assign) and len(node.targets) == 1 else (None, None)
+        if not (isinstance(target, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", target.id) and value is not None
+                and node.lineno == node.end_lineno):
+            continue
+        if isinstance(value, ast.Constant) and type(value.value) in (int, float, str):
+            number, written = value.value, type(value.value).__name__
+        elif (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow) and value.left.__class__ is ast.Constant
+              and value.left.value == 2 and isinstance(value.right, ast.Constant) and type(value.right.value) is int
+              and 0 <= value.right.value < 63):
+            number, written = 2 ** value.right.value, "pow2"
+        else:
+            continue
+        found[target.id] = Const(target.id, node.lineno - 1, (value.col_offset, value.end_col_offset), number, written)
+    return found
+
+
+def parses(source):
+    """Whether a train.py parses as Python (one that does not crashes at its run, which says why)."""
+    try:
+        ast.parse(source)
+        return True
+    except SyntaxError:
+        return False
+
+
+def default_param(c):
+    """The range derived from a constant's value (the table in docs/search.md), or None when it is not searched (a
+    name in SKIPPED, zero or a negative number outside a *_RATIO / *_FRAC, a string that is not an S/L pattern)."""
+    v = c.value
+    if SKIPPED.search(c.name) or isinstance(v, (int, float)) and v < 0:
+        return None
+    if isinstance(v, str):
+        return Param(c.name, "choice", choices=tuple(dict.fromkeys((v, *PATTERNS)))) if re.fullmatch(r"[SL]+", v) \
+            else None
+    if re.search(r"(RATIO|FRAC)$", c.name) and isinstance(v, float) and v <= 1:
+        return Param(c.name, "float", 0.0, min(1.0, 2 * v) if v > 0 else SHARE_HIGH)
+    if v == 0:
+        return None
+    if isinstance(v, int) and (c.written == "pow2" or v >= POW2_MIN and v & (v - 1) == 0):
+        k, steps = v.bit_length() - 1, BATCH_STEPS if "BATCH" in c.name else POW2_STEPS
+        return Param(c.name, "pow2", max(0, k - steps), k + steps)
+    if isinstance(v, int):
+        return Param(c.name, "int", max(1, math.ceil(v / INT_SPAN)), max(2, round(v * INT_SPAN)))
+    if re.search(r"BETA|MOMENTUM", c.name) and 0.5 < v < 1:   # its distance to 1 matters: linear, below 1
+        return Param(c.name, "float", 1 - min(1.0, (1 - v) * LOG_SPAN), 1 - (1 - v) / LOG_SPAN)
+    return Param(c.name, "float", v / LOG_SPAN, v * LOG_SPAN, log=True)
+
+
+def space_section(program):
+    """The lines of program.md's `## Search space` section (its bullets), or None when it has none."""
+    m = re.search(rf"(?m)^{re.escape(SPACE_HEADING)}[ \t]*\n(.*?)(?=^#{{1,2}} |\Z)", program, re.S)
+    if m is None:
+        return None
+    return [line.strip()[1:].strip() for line in m.group(1).splitlines() if line.strip().startswith(("-", "*"))]
+
+
+def literal(text):
+    """A number or string from program.md (`2**k`, ints, floats, bare words)."""
+    if m := re.fullmatch(r"2\s*\*\*\s*(\d+)", text):
+        return 2 ** int(m.group(1))
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_entry(entry, consts):
+    """One `- NAME: low=.. high=.. [log]` or `- NAME: choices=a,b,c` bullet as a Param checked against train.py's
+    constants. Raises SetupError naming the entry and the fix."""
+    fix = (f"fix the entry in program.md's {SPACE_HEADING} section, written `- NAME: low=0.01 high=0.2 log`, "
+           "`- NAME: low=2 high=8` or `- NAME: choices=L,SSSL`")
+    m = re.fullmatch(r"([A-Z][A-Z0-9_]*)\s*:\s*(.*)", entry)
+    if not m:
+        raise SetupError(f"search space entry {entry!r}: not `NAME: ...`; {fix}")
+    name, fields = m.group(1), {}
+    for word in m.group(2).split():
+        key, _, value = word.partition("=")
+        if key not in ("low", "high", "log", "choices") or (key == "log") != (value == ""):
+            raise SetupError(f"search space entry {entry!r}: unknown setting {word!r}; {fix}")
+        fields[key] = value
+    if name not in consts:
+        raise SetupError(f"search space entry {entry!r}: train.py defines no constant {name} (one literal on one "
+                         f"line, in the branch that runs); searchable: {', '.join(sorted(consts)) or 'none'}")
+    current = consts[name].value
+    if "choices" in fields:
+        choices = tuple(dict.fromkeys(literal(v) for v in fields["choices"].split(",") if v))
+        if len(choices) < 2 or set(fields) != {"choices"}:
+            raise SetupError(f"search space entry {entry!r}: choices need at least two values and no low/high; {fix}")
+        param = Param(name, "choice", choices=choices)
+    else:
+        low, high = literal(fields.get("low", "")), literal(fields.get("high", ""))
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (low, high)):
+            raise SetupError(f"search space entry {entry!r}: low and high must be numbers; {fix}")
+        if not low < high or "log" in fields and low <= 0:
+            raise SetupError(f"search space entry {entry!r}: the range is empty or not positive for log (low "
+                             f"{low!r}, high {high!r}); {fix}")
+        if isinstance(current, int) and not all(isinstance(x, int) for x in (low, high)):
+            raise SetupError(f"search space entry {entry!r}: {name} is an int ({current}) in train.py, so low and "
+                             f"high must be ints; {fix}")
+        pow2 = all(re.fullmatch(r"2\s*\*\*\s*\d+", fields[k]) for k in ("low", "high"))   # written 2**k: powers of two
+        param = Param(name, "pow2", low.bit_length() - 1, high.bit_length() - 1) if pow2 else \
+            Param(name, "int" if isinstance(current, int) else "float", low, high, "log" in fields)
+    if param.internal(current) is None:
+        raise SetupError(f"search space entry {entry!r}: train.py's {name} = {current!r} is outside it (or of "
+                         f"another type): widen the range or change train.py")
+    return param
+
+
+def space_of(train_src, profile, program):
+    """{name: Param}: program.md's `## Search space` when it has one (only the constants it names), else every
+    constant of the branch that runs with a range derived from its value (default_param). Raises SetupError on a bad
+    entry; {} when train.py does not parse."""
+    try:
+        consts = constants(train_src, profile)
+    except SyntaxError:
+        return {}
+    entries = space_section(program)
+    if entries is None:
+        return {c.name: p for c in consts.values() if (p := default_param(c)) is not None}
+    if not entries:
+        raise SetupError(f"program.md's {SPACE_HEADING} section names no parameter: add `- NAME: low=.. high=..` "
+                         "bullets, or remove the heading to search every constant")
+    space = {}
+    for entry in entries:
+        param = parse_entry(entry, consts)
+        if param.name in space:
+            raise SetupError(f"search space entry {entry!r}: {param.name} is named twice; keep one")
+        space[param.name] = param
+    return space
+
+
+def values_of(space, source, profile):
+    """{name: the study's value} of the space's constants in a train.py (those missing or outside their range are
+    left out); {} when it does not parse."""
+    try:
+        consts = constants(source, profile)
+    except SyntaxError:
+        return {}
+    found = {}
+    for name, param in space.items():
+        if name in consts and (x := param.internal(consts[name].value)) is not None:
+            found[name] = x
+    return found
+
+
+def write_point(source, profile, space, point, label):
+    """(answer, written values): the answer in the LLM's format that sets train.py's constants to point's values
+    (floats written to LITERAL_DIGITS significant digits), one constant per changed line, described as
+    `<label>: NAME old -> new, ...`; written holds the study's values of what train.py then says. Constants the
+    source lacks are skipped."""
+    consts, lines = constants(source, profile), source.splitlines(keepends=True)
+    changes = []
+    for name, x in point.items():
+        if name not in consts:
+            continue
+        c, value = consts[name], space[name].external(x)
+        text = format_literal(value, c)
+        raw = lines[c.line].encode()
+        old = raw[c.span[0]:c.span[1]].decode()
+        if text != old:
+            lines[c.line] = (raw[:c.span[0]] + text.encode() + raw[c.span[1]:]).decode()
+            changes.append(f"{name} {old} -> {text}")
+    new = "".join(lines)
+    description = f"{label}: " + (", ".join(changes) or "no change")
+    return answer_for(description, source, new), values_of(space, new, profile)
+
+
+def format_literal(value, c):
+    """A value as train.py writes it: `2**k` where the constant was written so, a quoted string, an int, or a float
+    with LITERAL_DIGITS significant digits (always with a `.` or an exponent)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if c.written == "pow2":
+        return f"2**{int(value).bit_length() - 1}"
+    if isinstance(value, int):
+        return str(value)
+    text = f"{value:.{LITERAL_DIGITS}g}"
+    return text if any(ch in text for ch in ".en") else text + ".0"
+
+
+def sampler_for(name, seed):
+    """The Optuna sampler of --proposer name (tpe | cmaes | random), seeded. TPE: multivariate, with the constant
+    liar for points still running (Optuna's defaults otherwise: 10 random start-up trials). CMA-ES: its mean starts
+    at the centre of the space (for a derived space, on a log scale: the tag's start values), its categorical
+    parameters drawn by a seeded random sampler."""
+    import optuna
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False,
+                                            independent_sampler=optuna.samplers.RandomSampler(seed=seed))
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+@dataclasses.dataclass
+class Search:
+    """A tag's study: the space, the Optuna study (None while it cannot be used), the points asked and not recorded
+    yet (their written values -> the Trial), and the constants that code edits removed (said once)."""
+    space: dict
+    study: object
+    pending: list = dataclasses.field(default_factory=list)    # [(written values, optuna Trial)]
+    gone: set = dataclasses.field(default_factory=set)
+    asked: dict = dataclasses.field(default_factory=dict)       # experiment n -> the Trial last asked for it
+
+
+def of(s):
+    """The tag's Search, opened once per invocation (s.search): the space from the tag's start train.py and
+    program.md, the study loaded and checked against events.jsonl, or rebuilt from it. Raises SetupError on a bad
+    `## Search space`."""
+    if s.search is None:
+        start = s.history[0]["full_commit"] if s.history else s.best_commit
+        base = file_at(s.repo, start, s.train_rel)
+        space = space_of(base, s.profile, read(s))
+        s.search = Search(space, None)
+        open_study(s)
+    return s.search
+
+
+def open_study(s):
+    """Load <harness dir>/study.db and bring it up to date with the recorded experiments; rebuild it (the old file
+    kept as study.db.bad-<time>) when it cannot be read, its space changed or it disagrees with events.jsonl. A
+    study that cannot be made at all leaves the search without one: a warning, never a crash."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path, search = s.home / STUDY_DB, s.search
+    problem = None
+    if path.exists():
+        try:
+            search.study = load(s, path)
+            problem = disagreement(s, search.study)
+        except Exception as e:  # noqa: BLE001  (sqlite, alembic or a torn file: whatever it is, rebuild)
+            problem = f"it cannot be read ({type(e).__name__}: {str(e)[:200]})"
+        if problem:
+            say(s, f"the search's study {path} {problem}: rebuilt from {len(s.history)} experiments in events.jsonl")
+            search.study = None
+            path.rename(path.with_name(f"{STUDY_DB}.bad-{time.strftime('%Y%m%d-%H%M%S')}"))
+    try:
+        if search.study is None:
+            search.study = load(s, path)
+        catch_up(s)
+    except Exception as e:  # noqa: BLE001
+        say(s, f"the search's study cannot be used ({type(e).__name__}: {str(e)[:200]}); the experiments are "
+               "recorded as always, the study is rebuilt from them on the next start")
+        search.study = None
+
+
+def load(s, path):
+    """The tag's Optuna study on SQLite at path (created when missing), its space stored as a study attribute."""
+    import optuna
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 30}})
+    study = optuna.create_study(storage=storage, study_name=s.settings.tag, load_if_exists=True,
+                                direction="minimize" if s.goal == "min" else "maximize")
+    space = {name: dataclasses.asdict(p) for name, p in s.search.space.items()}
+    stored = study.user_attrs.get("space")
+    if stored is None:
+        study.set_user_attr("space", json.loads(json.dumps(space)))
+    elif stored != json.loads(json.dumps(space)):
+        raise ValueError("its search space is not program.md's / train.py's any more")
+    return study
+
+
+def disagreement(s, study):
+    """Why the study disagrees with the recorded experiments (a trial for an experiment not recorded, or with another
+    result), or None."""
+    recorded = {e["n"]: e for e in s.history}
+    for t in study.get_trials(deepcopy=False):
+        n = t.user_attrs.get("n")
+        if n is None:
+            continue
+        e = recorded.get(n)
+        if e is None:
+            return f"has a trial for experiment #{n}, which events.jsonl does not record"
+        crashed = e["status"] == "crash"
+        if crashed != (t.state.name == "FAIL") or not crashed and not math.isclose(t.value, e["metric"],
+                                                                                  rel_tol=1e-9, abs_tol=1e-12):
+            return f"disagrees with events.jsonl on experiment #{n}"
+    return None
+
+
+def catch_up(s):
+    """Tell the study of the recorded experiments it lacks (a kill between the event and the tell, a rebuild, an
+    older tag), and close the points an earlier invocation asked for and never ran (failed, marked abandoned)."""
+    import optuna
+    study = s.search.study
+    told = {t.user_attrs.get("n") for t in study.get_trials(deepcopy=False)}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    trials = [trial_of(s, e) for e in s.history if e["n"] not in told]
+    study.add_trials([t for t in trials if t is not None])
+
+
+def trial_of(s, event, values=None):
+    """The finished Optuna trial of a recorded experiment: its constants' values (from its commit's train.py unless
+    given), its metric, or failed for a crash; None when its train.py cannot be read."""
+    import optuna
+    if values is None:
+        try:
+            values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
+        except (GitError, SetupError, ValueError):
+            return None
+    crashed = event["status"] == "crash"
+    return optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE,
+        value=None if crashed else event["metric"], params=values,
+        distributions={k: s.search.space[k].distribution() for k in values},
+        user_attrs={"n": event["n"], "by": event.get("by") or event.get("proposer") or "?"})
+
+
+def suggest(s, name, source, n, attempt=0):
+    """The sampler's next point for experiment n (attempt > 0: the last one was refused, e.g. already measured; that
+    trial is closed as failed first), as (answer, point): an edit of best train.py `source` setting the constants of
+    the space that it still has. Raises SetupError when the search has nothing to search (no constants, no study)."""
+    import optuna
+    search = of(s)
+    if not search.space:                # the tag's train.py does not parse (attach refused one with no constant):
+        return "", {}                   # no idea; its baseline crashes and says why
+    if search.study is None:
+        raise Stop(f"--proposer {name} cannot go on: the search's study could not be used (the warning above says "
+                   "why); rerun the same command to rebuild it from events.jsonl")
+    if attempt and (old := search.asked.pop(n, None)) is not None:
+        search.pending = [(w, t) for w, t in search.pending if t is not old]
+        search.study.tell(old, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    present = constants(source, s.profile)
+    for gone in sorted(set(search.space) - set(present) - search.gone):
+        search.gone.add(gone)
+        say(s, f"the search continues without {gone}: the best train.py no longer defines it (a code edit removed "
+               "or renamed it)")
+    seed = random.Random(f"{s.settings.seed}:{s.settings.tag}:{n}:{attempt}").randrange(2**31)
+    search.study.sampler = sampler_for(name, seed)
+    trial = search.study.ask({k: p.distribution() for k, p in search.space.items() if k in present})
+    answer, written = write_point(source, s.profile, search.space, trial.params, name)
+    search.pending.append((written, trial))
+    search.asked[n] = trial
+    return answer, trial.params
+
+
+def drop(s, n):
+    """Close the point asked for experiment n as failed: it will not run (the hybrid's LLM chose another)."""
+    import optuna
+    search = s.search
+    if search is not None and search.study is not None and (trial := search.asked.pop(n, None)) is not None:
+        search.pending = [(w, t) for w, t in search.pending if t is not trial]
+        search.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+
+def attach(s, proposer):
+    """Set the loop's proposer up for this tag: the profile it edits, and for a sampler (SAMPLERS) its suggest; open
+    the study for a search (samplers, grid, hybrid) and say what the search does. Raises SetupError on a bad
+    `## Search space` or an empty space."""
+    a = s.settings
+    proposer.profile = s.profile
+    if a.chosen:
+        console.say(a.chosen)
+    if a.proposer in SAMPLERS:
+        proposer.suggest = lambda source, n, attempt: suggest(s, a.proposer, source, n, attempt)[0]
+    if a.proposer not in (*SAMPLERS, "grid", "hybrid"):
+        return
+    search = of(s)
+    if not search.space and a.proposer != "grid" and parses(file_at(s.repo, s.best_commit, s.train_rel)):
+        raise SetupError(f"--proposer {a.proposer}: train.py has no UPPER_CASE constant to search in the branch that "
+                         "runs (docs/search.md); use an LLM proposer, or name parameters in program.md's "
+                         f"{SPACE_HEADING}")
+    name = a.sampler if a.proposer == "hybrid" else a.proposer
+    where = f"program.md's {SPACE_HEADING}" if space_section(read(s)) is not None else "ranges from their values"
+    console.say(f"search: {name} over {len(search.space)} constants of train.py ({where}; docs/search.md): "
+                f"{', '.join(search.space)}; study {s.home / STUDY_DB}")
+
+
+def tell(s, event):
+    """Tell the study of a recorded experiment: the point asked for it when its train.py says exactly that point,
+    else (an LLM's or a human's edit, an override, a point re-applied elsewhere) an added trial of what its train.py
+    says. A study that fails here is dropped for this invocation with a warning (rebuilt on the next start)."""
+    if s.search is None or s.search.study is None:
+        return
+    import optuna
+    search = s.search
+    try:
+        values = values_of(search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
+        match = next((t for w, t in search.pending if w == values), None)
+        if match is not None:
+            search.pending = [(w, t) for w, t in search.pending if t is not match]
+            match.set_user_attr("n", event["n"])
+            match.set_user_attr("by", event.get("by") or event.get("proposer") or "?")
+            crashed = event["status"] == "crash"
+            search.study.tell(match, None if crashed else event["metric"],
+                              state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE)
+        elif (trial := trial_of(s, event, values)) is not None:
+            search.study.add_trial(trial)
+    except Exception as e:  # noqa: BLE001  (the experiment is recorded; the study is a cache of the events)
+        say(s, f"the search's study could not be told of #{event['n']} ({type(e).__name__}: {str(e)[:200]}); it "
+               "is rebuilt from events.jsonl on the next start")
+        search.study = None
+
+
+def state_words(s, metric, limit=12):
+    """The sampler's state for a prompt: the space, its best point so far and the last `limit` trials with their
+    values and deltas against the baseline (the hybrid's LLM reads it)."""
+    search = of(s)
+    if search.study is None:
+        return "(no study)"
+    trials = [t for t in search.study.get_trials(deepcopy=False) if "n" in t.user_attrs]
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    base = next((t.value for t in done if t.user_attrs["n"] == 0), None)
+    lines = ["Search space: " + "; ".join(p.words() for p in search.space.values())]
+    if search.gone:
+        lines.append("No longer in train.py (removed by a code edit): " + ", ".join(sorted(search.gone)))
+    if done:
+        best = min(done, key=lambda t: t.value) if s.goal == "min" else max(done, key=lambda t: t.value)
+        lines.append(f"Best point so far (#{best.user_attrs['n']}, {metric} {best.value:.6f}): "
+                     f"{shown(search.space, best.params)}")
+    for t in trials[-limit:]:
+        delta = f"{t.value:.6f} ({t.value - base:+.6f} vs baseline)" if t.value is not None and base is not None \
+            else "crash"
+        lines.append(f"#{t.user_attrs['n']} by {t.user_attrs.get('by', '?')}: {delta}: {shown(search.space, t.params)}")
+    return "\n".join(lines)
+
+
+def shown(space, params):
+    """A point as train.py's values, `NAME=value` separated by commas."""
+    return ", ".join(f"{k}={space[k].external(v) if k in space else v:.4g}" if isinstance(v, float) else
+                     f"{k}={space[k].external(v) if k in space else v}" for k, v in params.items())
+
+
+def read(s):
+    """program.md's text as it is now (the human may edit it while the loop runs)."""
+    return (s.target / "program.md").read_text(encoding="utf-8", errors="replace")
+
+
+def say(s, text):
+    """A search message: printed and logged as a warning event."""
+    console.say(f"search: {text}")
+    s.log("warning", where="search", reason=text)

@@ -1,0 +1,328 @@
+"""
+The numeric search (harness/search.py, harness/hybrid.py): the space read from train.py and program.md, the Optuna
+study kept equal to events.jsonl (kill -9, resume, `try`, a missing, torn or hand-edited study), the samplers in the
+loop, and the hybrid's dialogue with the loopback LLM.
+"""
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+
+import optuna
+import pytest
+from agent_target import STRICT
+from helpers import AGENT, REPO, events, rows, run_agent, wait_for_run
+from llm_server import ScriptedLLM
+
+import agent
+from harness import search
+from harness.edits import apply_answer
+from harness.errors import SetupError
+
+TRAIN = (REPO / "train.py").read_text()
+
+
+def study_of(target, tag="t"):
+    """The tag's study as Optuna reads it from its SQLite file."""
+    db = target / ".git" / "autoresearch" / tag / search.STUDY_DB
+    return optuna.load_study(study_name=tag, storage=f"sqlite:///{db}")
+
+
+def told(target):
+    """{n: (state, value, by)} of the study's trials that stand for a recorded experiment."""
+    return {t.user_attrs["n"]: (t.state.name, t.value, t.user_attrs["by"]) for t in study_of(target).trials
+            if "n" in t.user_attrs}
+
+
+def recorded(target):
+    """{n: (state, value)} of events.jsonl's experiments, as the study should hold them."""
+    return {e["n"]: ("FAIL", None) if e["status"] == "crash" else ("COMPLETE", e["metric"])
+            for e in events(target, "experiment")}
+
+
+def assert_study_matches(target):
+    found = told(target)
+    assert {n: v[:2] for n, v in found.items()} == recorded(target)
+    assert not [t for t in study_of(target).trials if t.state.name == "RUNNING"]
+    return found
+
+
+def test_the_default_space_of_the_real_train_py_cpu_branch():
+    space = search.space_of(TRAIN, "cpu", "# program\n")
+    words = {name: p.words() for name, p in space.items()}
+    assert words["MATRIX_LR"] == "MATRIX_LR: low=0.02 high=0.18 log"            # 0.06 / 3 .. 0.06 x 3
+    assert words["DEPTH"] == "DEPTH: low=2 high=8"                              # integer steps
+    assert words["TOTAL_BATCH_SIZE"] == "TOTAL_BATCH_SIZE: low=2**10 high=2**14"  # 2**12, two powers each way
+    assert words["HEAD_DIM"] == "HEAD_DIM: low=2**5 high=2**7"
+    assert words["WINDOW_PATTERN"] == "WINDOW_PATTERN: choices=L,SL,SSL,SSSL,SSLL"
+    assert words["WARMDOWN_RATIO"] == "WARMDOWN_RATIO: low=0 high=1"           # a share: [0, min(1, 2 x 0.5)]
+    assert words["FINAL_LR_FRAC"] == "FINAL_LR_FRAC: low=0 high=0.5"           # a share at 0
+    assert words["ADAM_BETA2"].startswith("ADAM_BETA2: low=0.85 high=0.98")    # distance to 1: 0.05 x 3 .. / 3
+    assert not {"EVAL_BATCH_SIZE", "DEVICE_BATCH_SIZE", "SEED", "THREADS"} & set(space)
+    # the small branch: its own values (a 2**16 batch), not the cpu one's
+    assert search.space_of(TRAIN, "small", "")["TOTAL_BATCH_SIZE"].words() == "TOTAL_BATCH_SIZE: low=2**14 high=2**18"
+
+
+def test_a_point_is_an_edit_of_those_constants_only_and_reads_back_as_written():
+    space = search.space_of(TRAIN, "cpu", "")
+    point = {**search.values_of(space, TRAIN, "cpu"), "MATRIX_LR": 0.0812345678, "TOTAL_BATCH_SIZE": 13,
+             "WINDOW_PATTERN": "SSL", "DEPTH": 5}
+    answer, written = search.write_point(TRAIN, "cpu", space, point, "tpe")
+    description, new = apply_answer(answer, TRAIN)
+    assert description == 'tpe: DEPTH 4 -> 5, WINDOW_PATTERN "L" -> "SSL", TOTAL_BATCH_SIZE 2**12 -> 2**13, ' \
+                          "MATRIX_LR 0.06 -> 0.08123"
+    assert written == search.values_of(space, new, "cpu") and written["MATRIX_LR"] == 0.08123
+    changed = [(a, b) for a, b in zip(TRAIN.splitlines(), new.splitlines()) if a != b]
+    assert len(changed) == 4 and len(TRAIN.splitlines()) == len(new.splitlines())
+    assert "    TOTAL_BATCH_SIZE = 2**13  # smaller batches" in new             # comments and the 2**k form kept
+
+
+SPACE = """# program
+## Search space
+- MATRIX_LR: low=0.01 high=0.2 log
+- DEPTH: low=2 high=6
+- TOTAL_BATCH_SIZE: low=2**10 high=2**13
+- WINDOW_PATTERN: choices=L,SSSL
+
+## Research directions
+anything
+"""
+
+
+def test_program_md_search_space_section_names_the_space():
+    space = search.space_of(TRAIN, "cpu", SPACE)
+    assert [p.words() for p in space.values()] == [
+        "MATRIX_LR: low=0.01 high=0.2 log", "DEPTH: low=2 high=6", "TOTAL_BATCH_SIZE: low=2**10 high=2**13",
+        "WINDOW_PATTERN: choices=L,SSSL"]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("MATRIX_LR: low=abc high=0.2", "low and high must be numbers"),
+    ("MATRIX_LR: low=0.2 high=0.1", "the range is empty"),
+    ("MATRIX_LR: low=0 high=0.1 log", "not positive for log"),
+    ("NOT_THERE: low=1 high=2", "train.py defines no constant NOT_THERE"),
+    ("MATRIX_LR: low=0.1 high=0.2", "train.py's MATRIX_LR = 0.06 is outside it"),
+    ("DEPTH: low=1.5 high=6", "DEPTH is an int (4) in train.py"),
+    ("DEPTH: low=2 high=6 step=2", "unknown setting 'step=2'"),
+    ("WINDOW_PATTERN: choices=L", "choices need at least two values"),
+    ("lower_case: low=1 high=2", "not `NAME: ...`"),
+])
+def test_a_bad_search_space_entry_names_the_entry_and_the_fix(entry, words):
+    with pytest.raises(SetupError) as e:
+        search.space_of(TRAIN, "cpu", f"## Search space\n- {entry}\n")
+    assert f"search space entry {entry!r}" in str(e.value) and words in str(e.value)
+
+
+def test_a_bad_search_space_stops_the_loop_at_start_with_exit_2(target, capsys):
+    (target / "program.md").write_text("# program\n## Search space\n- LR: low=0.1 high=0.2\n")
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "1") == 2
+    err = capsys.readouterr().err
+    assert "search space entry 'LR: low=0.1 high=0.2': train.py's LR = 0.04 is outside it" in err
+
+
+def test_no_key_and_no_proposer_runs_tpe_and_says_so(target, monkeypatch, capsys):
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    assert agent.main(["--tag", "t", "--target", str(target), *STRICT, "--no-speculate", "--max-experiments", "3",
+                       "--no-holdout"]) == 0
+    out = capsys.readouterr().out
+    assert "no LLM key, so --proposer tpe" in out and "ANTHROPIC_API_KEY or OPENAI_API_KEY" in out
+    assert "search: tpe over 3 constants of train.py (ranges from their values" in out
+    assert all(r.split("\t")[4].startswith("tpe: ") for r in rows(target)[1:]) and len(rows(target)) == 4
+    assert set(assert_study_matches(target)) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("proposer", ["hybrid", "anthropic"])
+def test_an_llm_proposer_without_a_key_still_stops_with_the_fix(target, monkeypatch, capsys, proposer):
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    assert agent.main(["--tag", "t", "--target", str(target), "--proposer", proposer]) == 2
+    err = capsys.readouterr().err
+    assert "ANTHROPIC_API_KEY" in err and "--proposer tpe" in err and not (target / "results.tsv").exists()
+
+
+@pytest.mark.parametrize("proposer", ["cmaes", "random", "grid"])
+def test_each_sampler_runs_in_the_loop_and_the_study_holds_every_experiment(target, proposer):
+    assert run_agent(target, None, "anthropic", "--proposer", proposer, "--max-experiments", "4", "--no-holdout") == 0
+    found = assert_study_matches(target)
+    assert len(rows(target)) == 5 and {by for _, _, by in found.values()} == {proposer}
+    assert all(r.split("\t")[4].startswith(f"{proposer}: ") for r in rows(target)[1:])
+
+
+def test_the_study_survives_a_resume_and_is_rebuilt_when_missing_torn_or_edited(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "3", "--no-holdout") == 0
+    first = assert_study_matches(target)
+    db = target / ".git" / "autoresearch" / "t" / search.STUDY_DB
+    db.unlink()                                                  # missing: rebuilt, with the same trials
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "4", "--no-holdout") == 0
+    assert {n: v for n, v in assert_study_matches(target).items() if n < 4} == first
+    assert "rebuilt" not in capsys.readouterr().out              # a missing study is simply made again
+    db.write_bytes(b"not a database" * 100)                      # torn
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "5", "--no-holdout") == 0
+    out = capsys.readouterr().out
+    assert "cannot be read" in out and "rebuilt from 5 experiments in events.jsonl" in out
+    assert list((db.parent).glob("study.db.bad-*")) and len(assert_study_matches(target)) == 6
+    study = study_of(target)                                     # edited by hand: a trial events.jsonl lacks
+    study.add_trial(optuna.trial.create_trial(value=0.5, params={}, distributions={}, user_attrs={"n": 99}))
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "6", "--no-holdout") == 0
+    assert "has a trial for experiment #99, which events.jsonl does not record" in capsys.readouterr().out
+    assert set(assert_study_matches(target)) == set(range(7))
+    warned = [e for e in events(target, "warning") if e.get("where") == "search"]
+    assert len(warned) == 2
+
+
+def test_devices_cpu_2_asks_for_two_points_at_once_and_tells_them_all(target):
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--devices", "cpu:2", "--max-experiments", "6",
+                     "--no-holdout") == 0
+    found = assert_study_matches(target)
+    assert set(found) == set(range(7))
+    waves = [e["wave"] for e in events(target, "experiment")[1:]]
+    assert len(set(waves)) < len(waves)                          # some wave held two points
+    sources = {e["full_commit"] for e in events(target, "experiment")}
+    assert len(sources) == 7
+
+
+def test_kill_9_while_a_point_trains_then_resume_keeps_the_study_equal_to_the_events(target):
+    (target / "train.py").write_text((target / "train.py").read_text().replace("SLEEP = 0.0", "SLEEP = 1.5"))
+    (target / "program.md").write_text("# p\n## Search space\n- LR: low=0.01 high=0.1 log\n- DEPTH: low=2 high=9\n")
+    subprocess.run(["git", "commit", "-qam", "slow"], cwd=target, check=True)
+    argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "60", "--proposer", "tpe",
+            *STRICT, "--no-speculate", "--no-holdout", "--max-experiments", "6"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_run(target, 3, proc, timeout=90)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    running = [t for t in study_of(target).trials if t.state.name == "RUNNING"]
+    assert running                                               # the point of #3 was asked, never told
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "6", "--no-holdout") == 0
+    assert set(assert_study_matches(target)) == set(range(7))    # the stale point closed, #3 told once
+
+
+def test_try_on_a_search_tag_is_an_added_trial_by_external(target, monkeypatch):
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "2", "--no-holdout") == 0
+    best = subprocess.run(["git", "show", "autoresearch/t:train.py"], cwd=target, capture_output=True, text=True,
+                          check=True).stdout
+    (target / "train.py").write_text(best.replace("DEPTH = ", "DEPTH = 1 + "))   # a code edit: not a constant
+    assert agent.main(["try", "--tag", "t", "--target", str(target), "-m", "depth plus one", "--timeout", "20"]) == 0
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "4", "--no-holdout") == 0
+    found = assert_study_matches(target)
+    assert found[3][2] == "external" and {found[n][2] for n in (1, 2, 4)} == {"tpe"}
+
+
+def test_a_constant_removed_by_a_code_edit_leaves_the_search_without_it(target, capsys):
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "1", "--no-holdout") == 0
+    best = subprocess.run(["git", "show", "autoresearch/t:train.py"], cwd=target, capture_output=True, text=True,
+                          check=True).stdout
+    lines = [line for line in best.splitlines(keepends=True) if not line.startswith(("WARMUP", "LR ="))]
+    (target / "train.py").write_text("".join(lines).replace("DEPTH =", "LR = 0.05\nDEPTH ="))   # kept: LR 0.05
+    assert agent.main(["try", "--tag", "t", "--target", str(target), "-m", "no warmup", "--timeout", "20"]) == 0
+    assert events(target, "experiment")[-1]["status"] == "keep"
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "3", "--no-holdout") == 0
+    out = capsys.readouterr().out
+    assert "search: the search continues without WARMUP: the best train.py no longer defines it" in out
+    assert {tuple(sorted(t.params)) for t in study_of(target).trials if t.user_attrs.get("n", 0) >= 2} == \
+        {("DEPTH", "LR")}
+    assert_study_matches(target)
+
+
+def test_program_md_names_the_space_of_the_loop(target, capsys):
+    (target / "program.md").write_text("# p\n## Search space\n- LR: low=0.01 high=0.1 log\n- DEPTH: low=2 high=9\n")
+    assert run_agent(target, None, "anthropic", "--proposer", "cmaes", "--max-experiments", "2", "--no-holdout") == 0
+    assert "search: cmaes over 2 constants of train.py (program.md's ## Search space" in capsys.readouterr().out
+    assert all(set(t.params) == {"LR", "DEPTH"} for t in study_of(target).trials)
+
+
+def hybrid_llm_answers(target, script, *extra):
+    """agent.py --proposer hybrid on the tiny target with the loopback LLM answering `script`."""
+    with ScriptedLLM(script) as llm:
+        rc = agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--retry-base-delay", "0.01",
+                         *STRICT, "--no-speculate", "--no-holdout", "--proposer", "hybrid", "--base-url",
+                         llm.anthropic_url, "--sampler", "tpe", *extra])
+        return rc, [body for _, body, _ in llm.requests]
+
+
+def test_hybrid_accepts_overrides_within_the_share_repairs_bad_json_and_writes_code_after_a_stall(target, capsys):
+    script = ['{"decision": "override", "values": {"LR": 0.05}, "reason": "the optimum is at 0.05"}',
+              "this is not json", '{"decision": "override", "values": {"NOPE": 1}, "reason": "x"}',
+              '{"decision": "accept", "reason": "fine"}'] + ['{"decision": "accept", "reason": "ok"}'] * 20
+    rc, asked = hybrid_llm_answers(target, script, "--max-experiments", "10", "--llm-share", "0.3", "--stall", "50")
+    assert rc == 0
+    found = assert_study_matches(target)
+    by = {e["n"]: e.get("by") for e in events(target, "experiment")}
+    overrides = [n for n, b in by.items() if b == "llm override"]
+    # asked only while one more override stays within 0.3 of the experiments: first at #4 (1 <= 0.3 x 4, an
+    # override), again at #7 (2 <= 2.1: bad JSON, an unknown name, then accepted) and #8-#10 (accepted)
+    assert overrides == [4] and len(asked) == 1 + 3 + 3
+    first = [e for e in events(target, "experiment") if e["n"] == overrides[0]][0]
+    assert first["why"] == "the optimum is at 0.05" and "LR" in first["description"]
+    assert "llm override: " in first["description"] and found[overrides[0]][2] == "llm override"
+    repairs = [e["error"] for e in events(target, "repair")]
+    assert any("not valid JSON" in r for r in repairs) and any("unknown parameter(s) NOPE" in r for r in repairs)
+    assert all(b in ("tpe", "llm override") for n, b in by.items() if n)
+    # the LLM was asked only when an override was open: never for the first experiments (0.3 x 1..3 < 1)
+    assert len(asked) < 10 + 3
+    prompt = asked[0]["messages"][0]["content"]
+    assert "Its next point, experiment #" in prompt and "Search space: LR: low=" in prompt
+    assert '"decision": "override"' in prompt and "code edit" not in prompt
+
+
+def test_hybrid_code_edit_after_a_stall_and_report_shows_who_proposed(target):
+    base = (target / "train.py").read_text()
+    edit = ("DESCRIPTION: depth doubled in code\nREASON: numbers are exhausted\n<<<<<<< SEARCH\nSLEEP = 0.0\n=======\n"
+            "SLEEP = 0.0 * 2\n>>>>>>> REPLACE\n")
+    assert "SLEEP = 0.0\n" in base
+    script = [edit] + ['{"decision": "accept", "reason": "ok"}'] * 20
+    rc, asked = hybrid_llm_answers(target, script, "--max-experiments", "4", "--llm-share", "0.01", "--stall", "1")
+    assert rc == 0
+    by = {e["n"]: e.get("by") for e in events(target, "experiment")}
+    assert "llm code" in by.values()
+    coded = [e for e in events(target, "experiment") if e.get("by") == "llm code"][0]
+    assert coded["why"] == "numbers are exhausted" and coded["description"].startswith("depth doubled in code")
+    assert "code edit" in asked[0]["messages"][0]["content"]
+    assert_study_matches(target)
+    report = subprocess.run([sys.executable, str(REPO / "report.py"), str(target), "--tag", "t"],
+                            capture_output=True, text=True, check=True).stdout
+    counts = collections.Counter(e.get("by") or e["proposer"] for e in events(target, "experiment")[1:])
+    keeps = collections.Counter(e.get("by") or e["proposer"] for e in events(target, "experiment")[1:]
+                                if e["status"] == "keep")
+    assert "proposed by  " + ", ".join(f"{k} {v} ({keeps[k]} kept)" for k, v in counts.most_common()) in report
+    assert "llm code 1 (" in report
+
+
+def test_a_committed_evaluator_only_corpus_is_not_copied_into_run_dirs(target):
+    """prepare.py --frozen-inputs names a file inside the target as evaluator-only (a sample corpus committed with
+    it holds the validation text): the run dir train.py runs in has no copy."""
+    (target / "data").mkdir()
+    (target / "data" / "val.txt").write_text("the validation text\n")
+    prepare = (target / "prepare.py").read_text().replace(
+        '"evaluator_only": [str(val)]', '"evaluator_only": [str(val), str(Path(__file__).resolve().parent / "data")]')
+    (target / "prepare.py").write_text(prepare)
+    train = (target / "train.py").read_text().replace(
+        'print("step 1', 'print("sees val:", os.path.exists("data/val.txt"))\nprint("step 1')
+    (target / "train.py").write_text(train)
+    subprocess.run(["git", "add", "-A"], cwd=target, check=True)
+    subprocess.run(["git", "commit", "-qm", "sample corpus"], cwd=target, check=True)
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "0", "--no-holdout") == 0
+    logs = list((target / ".git" / "autoresearch" / "t" / "logs").glob("*.log"))
+    assert logs and all("sees val: False" in log.read_text() for log in logs)
+    assert (target / "data" / "val.txt").exists()                # the checkout keeps it
+
+
+@pytest.mark.slow
+def test_tpe_on_the_real_cpu_target_writes_runnable_points(real_repo):
+    """The real train.py and prepare.py (cpu profile, a 2 s budget): TPE's points of the 16-constant space are edits
+    that train and are scored by the separate evaluator, and the study holds them."""
+    repo_dir, env = real_repo
+    env = {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}
+    done = subprocess.run([sys.executable, str(AGENT), "--tag", "real", "--target", str(repo_dir), "--max-experiments",
+                           "2", "--baseline-runs", "1", "--confirm", "0", "--no-holdout", "--no-speculate"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no LLM key, so --proposer tpe" in done.stdout and "search: tpe over 16 constants" in done.stdout
+    exps = events(repo_dir, "experiment")
+    assert [e["n"] for e in exps] == [0, 1, 2]
+    for e in exps[1:]:
+        assert e["description"].startswith("[budget 2s] tpe: ") and "MATRIX_LR 0.06 -> " in e["description"]
+    study = study_of(repo_dir, "real")
+    assert {t.user_attrs["n"] for t in study.trials if "n" in t.user_attrs} == {0, 1, 2}
+    assert len(study.trials[1].params) == 16
