@@ -220,6 +220,7 @@ def research_main(s, proposer, constants, devices):
         reason = research_loop(s, loop)
     finally:                            # also on Stop and Ctrl-C: the runs in flight are killed, the threads joined
         s.pool.close()
+        search.close(s)                 # the points speculated and never run are closed in the study
     s.log("stop", reason=reason, **s.pool.throughput(len(s.history)).fields())
     console.say(s.pool.throughput(len(s.history)).line())
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
@@ -283,8 +284,7 @@ def after_interrupt(s, settings):
 
 
 def log_stop(s, event, reason):
-    """Log why the loop ended. Nothing to undo: the branch only moves to a kept commit, and the runner kills the
-    training group on any exception."""
+    """Log why the loop ended. Nothing to undo: the branch only moves to a kept commit (runs are killed on errors)."""
     if s is not None and s.best_commit:
         try:
             s.log("stop", reason=reason, status=event)

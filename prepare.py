@@ -1041,7 +1041,10 @@ def frozen_inputs(prepared=None):
         Path(prepared.source).exists() else []
     train = [_meta_path(prepared.root), prepared.tokenizer_dir, prepared.data_dir]
     evaluated = [_meta_path(prepared.root), prepared.tokenizer_dir, val_path, *holdout]
+    # the sample corpus is committed with this target: the harness leaves it out of every run dir train.py runs in
+    committed = [SAMPLE_DIR.relative_to(SAMPLE_DIR.parents[1]).as_posix()] if prepared.dataset == "sample" else []
     return {"digest": digest, "files": files, "evaluator_only": [str(val_path), *map(str, holdout), *source],
+            "evaluator_only_in_target": committed,
             "train_reads": [str(p.resolve()) for p in train], "eval_reads": [str(p.resolve()) for p in evaluated]}
 
 # ---------------------------------------------------------------------------

@@ -432,7 +432,7 @@ else:                     # default: one H100-class GPU
 # ---------------------------------------------------------------------------
 
 torch.manual_seed(SEED)
-DEVICE_BATCH_SIZE = max(1, min(DEVICE_BATCH_SIZE, TOTAL_BATCH_SIZE // MAX_SEQ_LEN))   # a total batch below one micro-batch
+DEVICE_BATCH_SIZE = max(1, min(DEVICE_BATCH_SIZE, TOTAL_BATCH_SIZE // MAX_SEQ_LEN))  # a total below one micro-batch
 tokens_per_micro_step = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
 if TOTAL_BATCH_SIZE % tokens_per_micro_step != 0:
     sys.exit(f"train.py: TOTAL_BATCH_SIZE={TOTAL_BATCH_SIZE} must be a multiple of DEVICE_BATCH_SIZE={DEVICE_BATCH_SIZE} "

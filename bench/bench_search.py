@@ -150,6 +150,8 @@ def main():
                 print(f"  {len(c['experiments']) - 1} experiments in {c['wall']:.0f} s, "
                       f"{sum(e['status'] == 'keep' for e in c['experiments'][1:])} kept", flush=True)
                 results["campaigns"].append(c)
+                if args.save:                   # kept as it goes: a stopped bench keeps its campaigns
+                    Path(args.save).write_text(json.dumps(results))
         (tmp / "remeasure").mkdir()
         repo, env = bench_repo(tmp / "remeasure", args.budget)
         results["baseline"] = remeasure(tmp, repo, env, (ROOT / "train.py").read_text(), fresh, "baseline")

@@ -53,18 +53,21 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None):
     return sha
 
 
-@locked
 def evaluator_only_inside(s):
-    """The evaluator-only paths (prepare.py --frozen-inputs) that lie inside the target, relative to it: a corpus
+    """The evaluator-only paths committed with the target, relative to it (prepare.py --frozen-inputs names them in
+    evaluator_only_in_target, or lists them in evaluator_only under the target or its pristine copy): a corpus
     committed with the target holds the validation text, so no run dir gets a copy."""
-    found = []
-    for p in ((s.evaluation or {}).get("inputs") or {}).get("evaluator_only", []):
+    inputs = (s.evaluation or {}).get("inputs") or {}
+    found = [str(p) for p in inputs.get("evaluator_only_in_target", [])]
+    for p in inputs.get("evaluator_only", []):
         path = Path(p).resolve()
-        if path.is_relative_to(s.target):
-            found.append(path.relative_to(s.target).as_posix())
+        for root in (s.target, (s.home / "frozen").resolve()):
+            if path.is_relative_to(root):
+                found.append(path.relative_to(root).as_posix())
     return found
 
 
+@locked
 def make_candidate_ref(s, n, sha):
     """Keep commit sha reachable as experiment n's candidate ref (the baseline's is the branch start)."""
     return gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha)

@@ -95,9 +95,8 @@ def decide(s, text, train_src, point, mine, may_override, stalled):
     changed = dict(point)
     for name, value in values.items():
         p = space[name]
-        value = float(value) if p.kind == "float" and isinstance(value, int) and not isinstance(value, bool) else value
-        if (x := p.internal(value)) is None:
-            raise EditError(f"{name} = {json.dumps(value)} is outside its range ({p.words()})")
+        if (x := p.internal(value)) is None:        # a string, a bool, null or a number out of range
+            raise EditError(f"{name} = {json.dumps(value)[:100]} is not a value of it ({p.words()})")
         changed[name] = x
     answer_text, _ = search.write_point(train_src, s.profile, space, changed, OVERRIDE)
     description, source = apply_answer(answer_text, train_src, FROZEN)

@@ -97,14 +97,15 @@ def moves(number, kind):
     return texts
 
 
-def grid(train_src, n, profile=None, attempt=0):
+def grid(train_src, n, profile=None, attempt=0, names=None):
     """The grid proposer: an answer in the LLM's format changing one UPPER_CASE constant: the (n-1)-th single step of
     a sweep over every constant, down then up. attempt > 0 (a repair: the first answer was refused, e.g. as a
     duplicate of an experiment already measured) takes the next step of the sweep. profile selects the
-    `if PROFILE == ...` branch (see numeric_constants). Raises Stop when train.py has no constant to move; returns ""
+    `if PROFILE == ...` branch (see numeric_constants); names, when given, the constants it may move (program.md's
+    `## Search space`). Raises Stop when train.py has no constant to move; returns ""
     (no idea) when it does not parse (its own run crashes and says why: the baseline's stops the loop)."""
     try:
-        found = numeric_constants(train_src, profile)
+        found = [c for c in numeric_constants(train_src, profile) if names is None or c[0] in names]
     except SyntaxError:
         return ""
     options = [(name, line, span, new) for name, line, span, number, kind in found for new in moves(number, kind)]

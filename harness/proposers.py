@@ -86,6 +86,7 @@ class Proposer:
     ping: Callable | None = None            # the LLM provider's smallest request: () -> Reply, one attempt
     asked: dict = dataclasses.field(default_factory=dict)  # no LLM: experiment n -> points asked for it
     suggest: Callable | None = None         # a sampler: (train_src, n, attempt) -> answer
+    names: set | None = None                # grid: the constants it may move (None: all)
 
     @property
     def is_llm(self):
@@ -98,7 +99,7 @@ class Proposer:
             self.asked[n] = attempt = self.asked.get(n, -1) + 1    # a repair or a retry asks for another choice
             if self.suggest is not None:
                 return Reply(self.suggest(train_src, n, attempt))
-            return Reply(grid(train_src, n, self.profile, attempt))
+            return Reply(grid(train_src, n, self.profile, attempt, self.names))
         return call_with_retries(self.call, system, messages, self.args, self.on_retry)
 
     def check(self):

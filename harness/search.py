@@ -32,6 +32,10 @@ POW2_MIN = 16                   # an int power of two from 16 up is searched as 
 SHARE_HIGH = 0.5                # a *_RATIO / *_FRAC at 0: [0, 0.5]; at v > 0: [0, min(1, 2 v)]
 PATTERNS = ("L", "SL", "SSL", "SSSL", "SSLL")   # choices of a string of S and L (a window pattern)
 SKIPPED = re.compile(r"EVAL|SEED|THREADS|PROFILE|DEVICE")  # evaluation, plumbing and per-device memory constants
+TPE_STARTUP = 4                 # finished trials (the baseline's included) before TPE models: Optuna's default 10
+#                                 random ones would be a night's first hour at 5 minutes a run
+EXHAUSTED = 20                  # points in a row already measured or running: the space is used up
+DESCRIBED = 4                   # changes a sampler's row description names (the largest; the diff has them all)
 LITERAL_DIGITS = 4              # significant digits of a float written into train.py (the point told is unrounded)
 
 
@@ -56,16 +60,22 @@ class Param:
         return d.FloatDistribution(self.low, self.high, log=self.log)
 
     def internal(self, value):
-        """train.py's value as the study holds it (pow2: its exponent), or None when outside this range."""
+        """train.py's value as the study holds it (pow2: its exponent), or None when it is outside this range or of
+        another type (a bool is never a number here, a string never one, an int no float beyond a float's range)."""
         if self.kind == "choice":
-            return value if value in self.choices else None
+            return next((c for c in self.choices if type(c) is type(value) and c == value), None)
+        if type(value) not in (int, float) or self.kind in ("int", "pow2") and type(value) is not int:
+            return None
         if self.kind == "pow2":
-            if not (isinstance(value, int) and value > 0 and value & (value - 1) == 0):
+            if not (value > 0 and value & (value - 1) == 0):
                 return None
             value = value.bit_length() - 1
-        elif self.kind == "int" and not isinstance(value, int):
-            return None
-        return value if self.low <= value <= self.high else None
+        elif self.kind == "float":
+            try:
+                value = float(value)
+            except OverflowError:
+                return None
+        return value if math.isfinite(value) and self.low <= value <= self.high else None
 
     def external(self, x):
         """The study's value as train.py holds it."""
@@ -151,7 +161,8 @@ def space_section(program):
     m = re.search(rf"(?m)^{re.escape(SPACE_HEADING)}[ \t]*\n(.*?)(?=^#{{1,2}} |\Z)", program, re.S)
     if m is None:
         return None
-    return [line.strip()[1:].strip() for line in m.group(1).splitlines() if line.strip().startswith(("-", "*"))]
+    return [line.split(" #")[0].strip()[1:].strip() for line in m.group(1).splitlines()
+            if line.strip().startswith(("-", "*"))]     # ` # a comment` after an entry is dropped
 
 
 def literal(text):
@@ -177,20 +188,30 @@ def parse_entry(entry, consts):
         key, _, value = word.partition("=")
         if key not in ("low", "high", "log", "choices") or (key == "log") != (value == ""):
             raise SetupError(f"search space entry {entry!r}: unknown setting {word!r}; {fix}")
+        if key in fields:
+            raise SetupError(f"search space entry {entry!r}: {key} is given twice; keep one; {fix}")
         fields[key] = value
     if name not in consts:
         raise SetupError(f"search space entry {entry!r}: train.py defines no constant {name} (one literal on one "
                          f"line, in the branch that runs); searchable: {', '.join(sorted(consts)) or 'none'}")
     current = consts[name].value
     if "choices" in fields:
-        choices = tuple(dict.fromkeys(literal(v) for v in fields["choices"].split(",") if v))
+        kind = (int, float) if type(current) is float else (type(current),)
+        choices = [literal(v) for v in fields["choices"].split(",") if v]
+        wrong = [c for c in choices if type(c) not in kind or type(c) is float and not math.isfinite(c)]
+        if wrong:
+            raise SetupError(f"search space entry {entry!r}: {name} is a {type(current).__name__} in train.py, so "
+                             f"its choices must be too, not {', '.join(map(repr, wrong))}; {fix}")
+        choices = tuple(dict.fromkeys(float(c) if type(current) is float else c for c in choices))
         if len(choices) < 2 or set(fields) != {"choices"}:
             raise SetupError(f"search space entry {entry!r}: choices need at least two values and no low/high; {fix}")
         param = Param(name, "choice", choices=choices)
     else:
         low, high = literal(fields.get("low", "")), literal(fields.get("high", ""))
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (low, high)):
-            raise SetupError(f"search space entry {entry!r}: low and high must be numbers; {fix}")
+        if not all(type(x) in (int, float) and math.isfinite(x) for x in (low, high)):
+            raise SetupError(f"search space entry {entry!r}: low and high must be finite numbers; {fix}")
+        if isinstance(current, str):
+            raise SetupError(f"search space entry {entry!r}: {name} is a string in train.py: give it choices=; {fix}")
         if not low < high or "log" in fields and low <= 0:
             raise SetupError(f"search space entry {entry!r}: the range is empty or not positive for log (low "
                              f"{low!r}, high {high!r}); {fix}")
@@ -198,11 +219,15 @@ def parse_entry(entry, consts):
             raise SetupError(f"search space entry {entry!r}: {name} is an int ({current}) in train.py, so low and "
                              f"high must be ints; {fix}")
         pow2 = all(re.fullmatch(r"2\s*\*\*\s*\d+", fields[k]) for k in ("low", "high"))   # written 2**k: powers of two
+        if consts[name].written == "pow2" and not pow2:
+            raise SetupError(f"search space entry {entry!r}: train.py writes {name} as 2**k, so give its bounds as "
+                             f"powers of two, e.g. low=2**10 high=2**14 (or write it as a plain int in train.py)")
         param = Param(name, "pow2", low.bit_length() - 1, high.bit_length() - 1) if pow2 else \
             Param(name, "int" if isinstance(current, int) else "float", low, high, "log" in fields)
     if param.internal(current) is None:
+        widen = f"add {current!r} to its choices" if param.kind == "choice" else "widen the range"
         raise SetupError(f"search space entry {entry!r}: train.py's {name} = {current!r} is outside it (or of "
-                         f"another type): widen the range or change train.py")
+                         f"another type): {widen}, or change and commit train.py")
     return param
 
 
@@ -246,7 +271,8 @@ def values_of(space, source, profile):
 def write_point(source, profile, space, point, label):
     """(answer, written values): the answer in the LLM's format that sets train.py's constants to point's values
     (floats written to LITERAL_DIGITS significant digits), one constant per changed line, described as
-    `<label>: NAME old -> new, ...`; written holds the study's values of what train.py then says. Constants the
+    `<label>: NAME old -> new, ...` (the DESCRIBED largest changes, then `+N more`: a row's description is short and
+    the commit's diff has them all); written holds the study's values of what train.py then says. Constants the
     source lacks are skipped."""
     consts, lines = constants(source, profile), source.splitlines(keepends=True)
     changes = []
@@ -259,10 +285,21 @@ def write_point(source, profile, space, point, label):
         old = raw[c.span[0]:c.span[1]].decode()
         if text != old:
             lines[c.line] = (raw[:c.span[0]] + text.encode() + raw[c.span[1]:]).decode()
-            changes.append(f"{name} {old} -> {text}")
+            changes.append((-shift(space[name], consts[name].value, x), f"{name} {old} -> {text}"))
     new = "".join(lines)
-    description = f"{label}: " + (", ".join(changes) or "no change")
+    shown = [words for _, words in sorted(changes, key=lambda c: c[0])[:DESCRIBED]]
+    more = f", +{len(changes) - DESCRIBED} more" if len(changes) > DESCRIBED else ""
+    description = f"{label}: " + (", ".join(shown) + more if shown else "no change")
     return answer_for(description, source, new), values_of(space, new, profile)
+
+
+def shift(param, old, x):
+    """How far a point moves a constant, as a share of its range (on the range's own scale; a choice: 1)."""
+    if param.kind == "choice" or (was := param.internal(old)) is None:
+        return 1.0
+    if param.log:
+        return abs(math.log(x / was)) / math.log(param.high / param.low)
+    return abs(x - was) / (param.high - param.low)
 
 
 def format_literal(value, c):
@@ -270,8 +307,8 @@ def format_literal(value, c):
     with LITERAL_DIGITS significant digits (always with a `.` or an exponent)."""
     if isinstance(value, str):
         return json.dumps(value)
-    if c.written == "pow2":
-        return f"2**{int(value).bit_length() - 1}"
+    if c.written == "pow2" and value > 0 and value & (value - 1) == 0:
+        return f"2**{value.bit_length() - 1}"
     if isinstance(value, int):
         return str(value)
     text = f"{value:.{LITERAL_DIGITS}g}"
@@ -280,13 +317,14 @@ def format_literal(value, c):
 
 def sampler_for(name, seed):
     """The Optuna sampler of --proposer name (tpe | cmaes | random), seeded. TPE: multivariate, with the constant
-    liar for points still running (Optuna's defaults otherwise: 10 random start-up trials). CMA-ES: its mean starts
+    liar for points still running, modelling from TPE_STARTUP finished trials on. CMA-ES: its mean starts
     at the centre of the space (for a derived space, on a log scale: the tag's start values), its categorical
     parameters drawn by a seeded random sampler."""
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          n_startup_trials=TPE_STARTUP)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False,
                                             independent_sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -329,8 +367,10 @@ def open_study(s):
         try:
             search.study = load(s, path)
             problem = disagreement(s, search.study)
+        except SpaceChanged as e:
+            problem = str(e)
         except Exception as e:  # noqa: BLE001  (sqlite, alembic or a torn file: whatever it is, rebuild)
-            problem = f"it cannot be read ({type(e).__name__}: {str(e)[:200]})"
+            problem = f"cannot be read ({type(e).__name__}: {str(e)[:200]})"
         if problem:
             say(s, f"the search's study {path} {problem}: rebuilt from {len(s.history)} experiments in events.jsonl")
             search.study = None
@@ -356,8 +396,12 @@ def load(s, path):
     if stored is None:
         study.set_user_attr("space", json.loads(json.dumps(space)))
     elif stored != json.loads(json.dumps(space)):
-        raise ValueError("its search space is not program.md's / train.py's any more")
+        raise SpaceChanged("was made for another search space (program.md's section or the tag's train.py changed)")
     return study
+
+
+class SpaceChanged(Exception):
+    """The study on disk was made for another search space."""
 
 
 def disagreement(s, study):
@@ -404,7 +448,7 @@ def trial_of(s, event, values=None):
         state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE,
         value=None if crashed else event["metric"], params=values,
         distributions={k: s.search.space[k].distribution() for k in values},
-        user_attrs={"n": event["n"], "by": event.get("by") or event.get("proposer") or "?"})
+        user_attrs={"n": event["n"], "by": who(event)})
 
 
 def suggest(s, name, source, n, attempt=0):
@@ -426,13 +470,40 @@ def suggest(s, name, source, n, attempt=0):
         search.gone.add(gone)
         say(s, f"the search continues without {gone}: the best train.py no longer defines it (a code edit removed "
                "or renamed it)")
-    seed = random.Random(f"{s.settings.seed}:{s.settings.tag}:{n}:{attempt}").randrange(2**31)
-    search.study.sampler = sampler_for(name, seed)
-    trial = search.study.ask({k: p.distribution() for k, p in search.space.items() if k in present})
-    answer, written = write_point(source, s.profile, search.space, trial.params, name)
-    search.pending.append((written, trial))
-    search.asked[n] = trial
-    return answer, trial.params
+    now = values_of(search.space, source, s.profile)
+    seen = [now] + [t.params for t in search.study.get_trials(deepcopy=False) if "n" in t.user_attrs] + \
+        [w for w, _ in search.pending]
+    for tries in range(EXHAUSTED):      # a point the best has, or one measured or waiting: the sampler asked again
+        draw = f"{s.settings.seed}:{s.settings.tag}:{n}:{attempt}" + (f":{tries}" if tries else "")
+        seed = random.Random(draw).randrange(2**31)
+        search.study.sampler = sampler_for(name, seed)
+        trial = search.study.ask({k: p.distribution() for k, p in search.space.items() if k in present})
+        answer, written = write_point(source, s.profile, search.space, trial.params, name)
+        if written not in seen:
+            search.pending.append((written, trial))
+            search.asked[n] = trial
+            return answer, trial.params
+        search.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    raise Stop(f"the search space is exhausted: {name} drew {EXHAUSTED} points in a row that are already measured or "
+               f"running. Widen the ranges in program.md's {SPACE_HEADING}, or use an LLM proposer")
+
+
+def who(event):
+    """Who proposed a recorded experiment: its `by` (the hybrid's), "baseline" for #0, else its proposer."""
+    return event.get("by") or ("baseline" if event["n"] == 0 else event.get("proposer") or "?")
+
+
+def close(s):
+    """At the loop's end: the points asked for and never run (ideas speculated, waiting) are closed as failed."""
+    import optuna
+    search = s.search
+    if search is not None and search.study is not None:
+        try:
+            for _, trial in search.pending:
+                search.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        except Exception as e:  # noqa: BLE001  (closed at the next start instead)
+            say(s, f"the points never run stay open in the study until the next start ({type(e).__name__})")
+        search.pending, search.asked = [], {}
 
 
 def drop(s, n):
@@ -462,7 +533,9 @@ def attach(s, proposer):
                          "runs (docs/search.md); use an LLM proposer, or name parameters in program.md's "
                          f"{SPACE_HEADING}")
     name = a.sampler if a.proposer == "hybrid" else a.proposer
-    where = f"program.md's {SPACE_HEADING}" if space_section(read(s)) is not None else "ranges from their values"
+    named = space_section(read(s)) is not None
+    proposer.names = set(search.space) if named else None      # grid sweeps only what program.md names
+    where = f"program.md's {SPACE_HEADING}" if named else "ranges from their values"
     console.say(f"search: {name} over {len(search.space)} constants of train.py ({where}; docs/search.md): "
                 f"{', '.join(search.space)}; study {s.home / STUDY_DB}")
 
@@ -481,7 +554,7 @@ def tell(s, event):
         if match is not None:
             search.pending = [(w, t) for w, t in search.pending if t is not match]
             match.set_user_attr("n", event["n"])
-            match.set_user_attr("by", event.get("by") or event.get("proposer") or "?")
+            match.set_user_attr("by", who(event))
             crashed = event["status"] == "crash"
             search.study.tell(match, None if crashed else event["metric"],
                               state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE)

@@ -43,7 +43,7 @@ class Settings:
     source: str | None                  # local files to prepare the data from when none is prepared
     proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
     llm: str | None = None              # the LLM provider of anthropic | openai | hybrid (from the keys present)
-    sampler: str = "cmaes"              # --sampler of --proposer hybrid
+    sampler: str = "tpe"                # --sampler of --proposer hybrid
     llm_share: float = 0.3              # --llm-share: the most experiments the hybrid's LLM may override
     stall: int = 8                      # --stall: experiments without a keep before the hybrid asks for code edits
     chosen: str = ""                    # why the proposer is the one it is (said at start when not given)
@@ -87,11 +87,11 @@ def parse_args(argv):
                    "sets train.py's UPPER_CASE constants (no key; docs/search.md); grid: one constant a step at a "
                    "time; hybrid: a sampler whose points an LLM accepts or overrides, and code edits from the LLM "
                    "when the search stalls (a key)")
-    p.add_argument("--sampler", choices=("cmaes", "tpe"), default="cmaes", help="--proposer hybrid's sampler "
-                   "(default cmaes, as in the Centaur study)")
-    p.add_argument("--llm-share", type=number(0, above=True, most=1.0), default=0.3, help="--proposer hybrid: the "
-                   "largest share of experiments whose point the LLM may override (default 0.3)")
-    p.add_argument("--stall", type=number(0, int, above=True), default=8, help="--proposer hybrid: after this many "
+    p.add_argument("--sampler", choices=("tpe", "cmaes"), help="--proposer hybrid's sampler (default tpe: it learns "
+                   "from every point run, the LLM's too; Optuna's CMA-ES only from its own)")
+    p.add_argument("--llm-share", type=number(0, above=True, most=1.0), help="--proposer hybrid: the largest share "
+                   "of experiments whose point the LLM may override (default 0.3)")
+    p.add_argument("--stall", type=number(0, int, above=True), help="--proposer hybrid: after this many "
                    "experiments without a keep the LLM may propose a code edit instead of a point (default 8)")
     p.add_argument("--model", help=f"LLM model (default: {DEFAULT_MODELS['anthropic']} for anthropic, "
                    f"{DEFAULT_MODELS['openai']} for openai)")
@@ -128,8 +128,12 @@ def parse_args(argv):
         args.proposer = llm or "tpe"
         args.chosen = "" if llm else (
             "no LLM key, so --proposer tpe: Optuna's TPE sampler sets train.py's UPPER_CASE constants (docs/search.md)."
-            " For LLM edits set ANTHROPIC_API_KEY or OPENAI_API_KEY (or --base-url), or pick --proposer hybrid")
+            " For LLM edits (or --proposer hybrid) set ANTHROPIC_API_KEY or OPENAI_API_KEY, or --base-url")
     args.llm = args.proposer if args.proposer in ("anthropic", "openai") else llm if args.proposer == "hybrid" else None
+    hybrid = {"--sampler": args.sampler, "--llm-share": args.llm_share, "--stall": args.stall}
+    if args.proposer != "hybrid" and any(v is not None for v in hybrid.values()):
+        p.error(f"{', '.join(k for k, v in hybrid.items() if v is not None)}: only --proposer hybrid has them")
+    args.sampler, args.llm_share, args.stall = args.sampler or "tpe", args.llm_share or 0.3, args.stall or 8
     if args.devices is not None and args.ray is not None:
         p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
     try:

@@ -32,7 +32,8 @@ def test_agent_runs_the_grpo_target_with_the_random_proposer(grpo_repo):
     # a shortened budget (AUTORESEARCH_TIME_BUDGET=3 in env): every row is labelled as a smoke run
     assert rows[0][3:] == ["keep", "[budget 3s] baseline"] and 0.0 < float(rows[0][1]) < 1.0
     # a run repeated (throughput off, or a confirmation) says how many runs its mean is of
-    smoke = r"\[budget 3s\] random: [A-Z_0-9]+ \S+ -> \S+( \(\d runs\))?"
+    move = r"[A-Z_0-9]+ \S+ -> \S+"                 # a sampled point: its largest moves named, then "+N more"
+    smoke = rf"\[budget 3s\] random: {move}(, {move})*(, \+\d+ more)?( \(\d runs\))?"
     assert all(re.fullmatch(smoke, row[4]) for row in rows[1:]), rows
     kept = [row for row in rows if row[3] == "keep"]
     assert all(float(b[1]) > float(a[1]) for a, b in zip(kept, kept[1:]))  # higher is better here

@@ -439,7 +439,9 @@ def test_offline_cpu_and_small_prepare_the_sample_corpus_and_keep_it(offline, pr
     assert P.main(["--check"]) == 0
     assert f"ready: sample data in {cache}\nprofile: {profile}\n" in capsys.readouterr().out
     assert P.main(["--frozen-inputs"]) == 0
-    assert str(REPO / "data" / "sample") in json.loads(capsys.readouterr().out)["evaluator_only"]
+    inputs = json.loads(capsys.readouterr().out)
+    assert str(REPO / "data" / "sample") in inputs["evaluator_only"] and inputs["evaluator_only_in_target"] == \
+        ["data/sample"]             # committed with the target: left out of every run dir (tests/test_search.py)
 
     def no_network(*args, **kwargs):
         raise AssertionError("a prepared sample is re-used without a download")

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import git
 import optuna
 import pytest
 from agent_target import STRICT
@@ -71,8 +72,12 @@ def test_a_point_is_an_edit_of_those_constants_only_and_reads_back_as_written():
              "WINDOW_PATTERN": "SSL", "DEPTH": 5}
     answer, written = search.write_point(TRAIN, "cpu", space, point, "tpe")
     description, new = apply_answer(answer, TRAIN)
-    assert description == 'tpe: DEPTH 4 -> 5, WINDOW_PATTERN "L" -> "SSL", TOTAL_BATCH_SIZE 2**12 -> 2**13, ' \
+    # the largest moves first, as shares of their ranges: a choice, 1 of 4 powers, 1 of 6 depths, log 1.35 of log 9
+    assert description == 'tpe: WINDOW_PATTERN "L" -> "SSL", TOTAL_BATCH_SIZE 2**12 -> 2**13, DEPTH 4 -> 5, ' \
                           "MATRIX_LR 0.06 -> 0.08123"
+    point["SOFTCAP"] = 30.0
+    assert search.write_point(TRAIN, "cpu", space, point, "tpe")[0].splitlines()[0].endswith(
+        "DEPTH 4 -> 5, +1 more")                  # SOFTCAP x2 of x9 outranks MATRIX_LR, now the one left unnamed
     assert written == search.values_of(space, new, "cpu") and written["MATRIX_LR"] == 0.08123
     changed = [(a, b) for a, b in zip(TRAIN.splitlines(), new.splitlines()) if a != b]
     assert len(changed) == 4 and len(TRAIN.splitlines()) == len(new.splitlines())
@@ -99,7 +104,7 @@ def test_program_md_search_space_section_names_the_space():
 
 
 @pytest.mark.parametrize("entry, words", [
-    ("MATRIX_LR: low=abc high=0.2", "low and high must be numbers"),
+    ("MATRIX_LR: low=abc high=0.2", "low and high must be finite numbers"),
     ("MATRIX_LR: low=0.2 high=0.1", "the range is empty"),
     ("MATRIX_LR: low=0 high=0.1 log", "not positive for log"),
     ("NOT_THERE: low=1 high=2", "train.py defines no constant NOT_THERE"),
@@ -108,6 +113,13 @@ def test_program_md_search_space_section_names_the_space():
     ("DEPTH: low=2 high=6 step=2", "unknown setting 'step=2'"),
     ("WINDOW_PATTERN: choices=L", "choices need at least two values"),
     ("lower_case: low=1 high=2", "not `NAME: ...`"),
+    ("DEPTH: choices=8,[1]", "DEPTH is a int in train.py, so its choices must be too, not [1]"),
+    ("MATRIX_LR: choices=0.04,None,0.05", "MATRIX_LR is a float in train.py, so its choices must be too, not None"),
+    ("DEPTH: choices=4,True", "its choices must be too, not True"),
+    ("MATRIX_LR: low=0.01 high=1e999", "low and high must be finite numbers"),
+    ("MATRIX_LR: low=0.01 low=0.02 high=0.1", "low is given twice"),
+    ("TOTAL_BATCH_SIZE: low=1000 high=20000", "train.py writes TOTAL_BATCH_SIZE as 2**k, so give its bounds as powers"),
+    ("WINDOW_PATTERN: low=1 high=2", "WINDOW_PATTERN is a string in train.py: give it choices="),
 ])
 def test_a_bad_search_space_entry_names_the_entry_and_the_fix(entry, words):
     with pytest.raises(SetupError) as e:
@@ -145,7 +157,8 @@ def test_an_llm_proposer_without_a_key_still_stops_with_the_fix(target, monkeypa
 def test_each_sampler_runs_in_the_loop_and_the_study_holds_every_experiment(target, proposer):
     assert run_agent(target, None, "anthropic", "--proposer", proposer, "--max-experiments", "4", "--no-holdout") == 0
     found = assert_study_matches(target)
-    assert len(rows(target)) == 5 and {by for _, _, by in found.values()} == {proposer}
+    assert len(rows(target)) == 5 and {by for n, (_, _, by) in found.items() if n} == {proposer}
+    assert found[0][2] == "baseline"
     assert all(r.split("\t")[4].startswith(f"{proposer}: ") for r in rows(target)[1:])
 
 
@@ -167,8 +180,13 @@ def test_the_study_survives_a_resume_and_is_rebuilt_when_missing_torn_or_edited(
     assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "6", "--no-holdout") == 0
     assert "has a trial for experiment #99, which events.jsonl does not record" in capsys.readouterr().out
     assert set(assert_study_matches(target)) == set(range(7))
+    (target / "program.md").write_text("# p\n## Search space\n- LR: low=0.01 high=0.1 log  # the rate\n")
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "7", "--no-holdout") == 0
+    assert "was made for another search space (program.md's section or the tag's train.py changed): rebuilt from " \
+           "7 experiments" in capsys.readouterr().out
+    assert set(assert_study_matches(target)) == set(range(8))
     warned = [e for e in events(target, "warning") if e.get("where") == "search"]
-    assert len(warned) == 2
+    assert len(warned) == 3
 
 
 def test_devices_cpu_2_asks_for_two_points_at_once_and_tells_them_all(target):
@@ -244,20 +262,28 @@ def hybrid_llm_answers(target, script, *extra):
 def test_hybrid_accepts_overrides_within_the_share_repairs_bad_json_and_writes_code_after_a_stall(target, capsys):
     script = ['{"decision": "override", "values": {"LR": 0.05}, "reason": "the optimum is at 0.05"}',
               "this is not json", '{"decision": "override", "values": {"NOPE": 1}, "reason": "x"}',
-              '{"decision": "accept", "reason": "fine"}'] + ['{"decision": "accept", "reason": "ok"}'] * 20
+              '{"decision": "accept", "reason": "fine"}',
+              '{"decision": "override", "values": {"LR": "0.05"}}',
+              '{"decision": "override", "values": {"DEPTH": true}}',
+              '{"decision": "override", "values": {"LR": 1' + "0" * 400 + '}}'] + \
+        ['{"decision": "accept", "reason": "ok"}'] * 20
     rc, asked = hybrid_llm_answers(target, script, "--max-experiments", "10", "--llm-share", "0.3", "--stall", "50")
     assert rc == 0
     found = assert_study_matches(target)
     by = {e["n"]: e.get("by") for e in events(target, "experiment")}
     overrides = [n for n, b in by.items() if b == "llm override"]
     # asked only while one more override stays within 0.3 of the experiments: first at #4 (1 <= 0.3 x 4, an
-    # override), again at #7 (2 <= 2.1: bad JSON, an unknown name, then accepted) and #8-#10 (accepted)
-    assert overrides == [4] and len(asked) == 1 + 3 + 3
+    # override), again at #7 (2 <= 2.1: bad JSON, an unknown name, then accepted), #8 (a string, a bool, a number
+    # beyond a float: the sampler's point runs) and #9-#10 (accepted)
+    assert overrides == [4] and len(asked) == 1 + 3 + 3 + 2
     first = [e for e in events(target, "experiment") if e["n"] == overrides[0]][0]
     assert first["why"] == "the optimum is at 0.05" and "LR" in first["description"]
     assert "llm override: " in first["description"] and found[overrides[0]][2] == "llm override"
     repairs = [e["error"] for e in events(target, "repair")]
     assert any("not valid JSON" in r for r in repairs) and any("unknown parameter(s) NOPE" in r for r in repairs)
+    assert 'LR = "0.05" is not a value of it (LR: low=0.0133333 high=0.12 log)' in repairs
+    assert "DEPTH = true is not a value of it (DEPTH: low=4 high=16)" in repairs
+    assert [e for e in events(target, "hybrid") if e["n"] == 8][0]["decision"] == "sampler"
     assert all(b in ("tpe", "llm override") for n, b in by.items() if n)
     # the LLM was asked only when an override was open: never for the first experiments (0.3 x 1..3 < 1)
     assert len(asked) < 10 + 3
@@ -289,13 +315,16 @@ def test_hybrid_code_edit_after_a_stall_and_report_shows_who_proposed(target):
     assert "llm code 1 (" in report
 
 
-def test_a_committed_evaluator_only_corpus_is_not_copied_into_run_dirs(target):
-    """prepare.py --frozen-inputs names a file inside the target as evaluator-only (a sample corpus committed with
-    it holds the validation text): the run dir train.py runs in has no copy."""
+@pytest.mark.parametrize("declared", [
+    '"evaluator_only": [str(val), str(Path(__file__).resolve().parent / "data")]',   # by path (its pristine copy)
+    '"evaluator_only": [str(val)], "evaluator_only_in_target": ["data"]',             # by name, as prepare.py does
+])
+def test_a_committed_evaluator_only_corpus_is_not_copied_into_run_dirs(target, declared):
+    """prepare.py --frozen-inputs names a folder committed with the target as evaluator-only (the sample corpus
+    holds the validation text): the run dir train.py runs in has no copy."""
     (target / "data").mkdir()
     (target / "data" / "val.txt").write_text("the validation text\n")
-    prepare = (target / "prepare.py").read_text().replace(
-        '"evaluator_only": [str(val)]', '"evaluator_only": [str(val), str(Path(__file__).resolve().parent / "data")]')
+    prepare = (target / "prepare.py").read_text().replace('"evaluator_only": [str(val)]', declared)
     (target / "prepare.py").write_text(prepare)
     train = (target / "train.py").read_text().replace(
         'print("step 1', 'print("sees val:", os.path.exists("data/val.txt"))\nprint("step 1')
@@ -321,8 +350,43 @@ def test_tpe_on_the_real_cpu_target_writes_runnable_points(real_repo):
     assert "no LLM key, so --proposer tpe" in done.stdout and "search: tpe over 16 constants" in done.stdout
     exps = events(repo_dir, "experiment")
     assert [e["n"] for e in exps] == [0, 1, 2]
-    for e in exps[1:]:
-        assert e["description"].startswith("[budget 2s] tpe: ") and "MATRIX_LR 0.06 -> " in e["description"]
+    lines = (repo_dir / "results.tsv").read_text().splitlines()[2:]
+    assert all(line.split("\t")[4].startswith("[budget 2s] tpe: ") for line in lines) and len(lines) == 2
     study = study_of(repo_dir, "real")
     assert {t.user_attrs["n"] for t in study.trials if "n" in t.user_attrs} == {0, 1, 2}
-    assert len(study.trials[1].params) == 16
+    for e in exps[1:]:
+        assert e["description"].startswith("tpe: ")
+        trial = [t for t in study.trials if t.user_attrs.get("n") == e["n"]][0]
+        assert len(trial.params) == 16 and trial.params["MATRIX_LR"] != 0.06
+        # the commit's train.py says what the study asked for (the description names only the largest moves)
+        source = git.Repo(repo_dir).git.show(f"{e['full_commit']}:train.py")
+        space = search.space_of((repo_dir / "train.py").read_text(), "cpu", (repo_dir / "program.md").read_text())
+        written = search.values_of(space, source, "cpu")      # floats written to 4 significant digits
+        assert written.keys() == trial.params.keys()
+        assert all(written[k] == v or written[k] == pytest.approx(v, rel=1e-3) for k, v in trial.params.items())
+
+
+def test_a_used_up_space_stops_cleanly_and_grid_sweeps_only_what_program_md_names(target, capsys):
+    (target / "program.md").write_text("# p\n## Search space\n- DEPTH: low=7 high=9\n")
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "5", "--no-holdout") == 1
+    err = capsys.readouterr().err
+    assert "the search space is exhausted: tpe drew 20 points in a row that are already measured or running" in err
+    assert [e["description"] for e in events(target, "experiment")[1:]] == ["tpe: DEPTH 8 -> 7", "tpe: DEPTH 7 -> 9"]
+    assert_study_matches(target)
+    (target / "program.md").write_text("# p\n## Search space\n- WARMUP: low=0.01 high=0.5 log\n")
+    assert agent.main(["--tag", "g", "--target", str(target), *STRICT, "--no-speculate", "--proposer", "grid",
+                       "--max-experiments", "2", "--no-holdout"]) == 0
+    grid = [e["description"] for e in events(target, "experiment") if e["tag"] == "g"][1:]
+    assert grid == ["grid: WARMUP 0.1 -> 0.05", "grid: WARMUP 0.1 -> 0.2"]
+
+
+def test_speculated_points_never_run_are_closed_at_a_clean_stop(target):
+    assert agent.main(["--tag", "t", "--target", str(target), *STRICT, "--proposer", "tpe", "--devices", "cpu:2",
+                       "--max-experiments", "3", "--no-holdout", "--timeout", "20"]) == 0
+    assert set(assert_study_matches(target)) == {0, 1, 2, 3}       # no RUNNING trial left
+
+
+def test_hybrid_flags_belong_to_hybrid(target, capsys):
+    with pytest.raises(SystemExit) as e:
+        agent.main(["--tag", "t", "--target", str(target), "--proposer", "tpe", "--sampler", "cmaes", "--stall", "3"])
+    assert e.value.code == 2 and "--sampler, --stall: only --proposer hybrid has them" in capsys.readouterr().err

@@ -144,10 +144,12 @@ def edited_train(tmp_path, old, new):
 
 
 def test_batch_arithmetic_is_checked_before_training(cpu_cache, tmp_path):
-    script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 24\n")
+    # 12 x 256 does not divide 4096 (a DEVICE_BATCH_SIZE above TOTAL_BATCH_SIZE // MAX_SEQ_LEN is lowered to it)
+    script = edited_train(tmp_path, "    DEVICE_BATCH_SIZE = 16\n", "    DEVICE_BATCH_SIZE = 12\n")
     result = run_train(cpu_cache, 2, script, tmp_path)
     assert result.returncode == 1
-    assert "TOTAL_BATCH_SIZE=4096" in result.stderr and "DEVICE_BATCH_SIZE=24" in result.stderr and "MAX_SEQ_LEN=256" in result.stderr
+    assert "TOTAL_BATCH_SIZE=4096" in result.stderr and "DEVICE_BATCH_SIZE=12" in result.stderr
+    assert "MAX_SEQ_LEN=256" in result.stderr
 
 
 def test_nan_loss_fails_fast(cpu_cache, tmp_path):
