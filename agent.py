@@ -123,7 +123,7 @@ def start(s, loop, idea):
 def measure(s, device, job):
     """On a device (a worker thread): train the candidate, then judge it against the best it was built on
     (confirmation runs included). Returns (its first run's Outcome, the Verdict, when it ended)."""
-    outcome = experiment.train(s, job.n, job.fixes, job.commit, device=device)
+    outcome = experiment.train(s, job.n, job.fixes, job.commit, device=device, base=job.base)
     judged = experiment.judge(s, job.n, job.fixes, outcome, job.base, job.base_metric, device=device)
     return outcome, judged, time.monotonic()
 

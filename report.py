@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag, tag_state)
+from harness.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
@@ -83,8 +84,9 @@ def better(a, b, goal):
 # ---------------------------------------------------------------------------
 
 def has_metric(row):
-    """A row whose metric means something: not a crash, and a finite number."""
-    return row.status != "crash" and math.isfinite(row.metric)
+    """A row whose metric means something: not a crash, not a run cancelled early (harness.curves: both record
+    karpathy's 0.0), and a finite number."""
+    return row.status != "crash" and not CANCELLED_ROW.search(row.description) and math.isfinite(row.metric)
 
 
 def running_best(rows, goal):
@@ -226,6 +228,20 @@ def proposers_of(events, tag=None):
     keeps = collections.Counter(who[e["commit"]] for e in exps if e["status"] == "keep")
     line = "proposed by  " + ", ".join(f"{name} {k} ({keeps[name]} kept)" for name, k in counts.most_common())
     return who, line if exps else ""
+
+
+def cancelled_of(events, tag=None):
+    """The line on the runs cancelled early (their curve behind the best's: harness.curves), counted apart from the
+    other discards, with the device-seconds they did not train (budget x the share left at the cancel); "" when
+    none was."""
+    done = [e for e in experiment_events(events, tag) if e.get("cancelled")]
+    if not done:
+        return ""
+    saved = sum(e["budget_s"] * (1 - e["cancelled"]["at"]) for e in done if e.get("budget_s"))
+    at = sorted(round(100 * e["cancelled"]["at"]) for e in done)
+    where = f"{at[0]}%" if at[0] == at[-1] else f"{at[0]}-{at[-1]}%"
+    return (f"cancelled    {len(done)} discard{'s' if len(done) > 1 else ''} stopped early (at {where} of the "
+            f"budget), {saved:.0f} device-seconds of training saved")
 
 
 def format_events(st):
@@ -471,8 +487,9 @@ def main(argv=None):
     runs = {e["commit"]: e.get("runs") for e in experiment_events(run.events or [], run.tag)}
     who, line = proposers_of(run.events or [], run.tag)
     print(format_kept(kept_table(rows, run.goal), run.metric_name, runs, who if len(set(who.values())) > 1 else None))
-    if line:
-        print(line)
+    for line in (line, cancelled_of(run.events or [], run.tag)):
+        if line:
+            print(line)
     noise_sd, runs = noise_of(run)
     if noise_sd:
         print(f"noise floor  sd {noise_sd:.6f} over {runs} baseline runs (seeds)")

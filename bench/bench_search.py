@@ -19,7 +19,6 @@ experiments. Run it on a quiet machine: another process changes a run's steps.
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchrepo import CORPORA, ROOT, bench_repo
+from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache
 
 PROPOSERS = ("random", "tpe", "cmaes")
 TAG = "bench"
@@ -145,10 +144,7 @@ def main():
     p.add_argument("--timeout", type=float, help="agent.py --timeout (a point that builds a huge model times out: "
                    "a shorter timeout wastes less; default agent.py's)")
     p.add_argument("--proposers", default=",".join(PROPOSERS), help="comma-separated subset of random,tpe,cmaes")
-    p.add_argument("--eval-tokens", type=int, default=16384, help="prepare.py --eval-tokens of the bench's data "
-                   "(default 16384: a quarter of the cpu profile's, so that evaluation does not dominate a short run)")
-    p.add_argument("--save", metavar="FILE", help="write the measurements as JSON")
-    p.add_argument("--table", metavar="FILE", help="print the table of a saved run and exit")
+    add_bench_flags(p)
     args = p.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
@@ -157,9 +153,7 @@ def main():
     results = dict(fresh=fresh, budget=args.budget, experiments=args.experiments, campaigns=[])   # but unlikely)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        os.environ["AUTORESEARCH_CACHE"] = str(tmp / "cache")     # prepared once, shared by every run
-        subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu", "--eval-tokens",
-                        str(args.eval_tokens)], cwd=ROOT, env=os.environ, check=True, capture_output=True)
+        prepare_cache(tmp, args.eval_tokens)
         for seed in range(args.repeats):
             for proposer in args.proposers.split(","):
                 print(f"campaign {proposer} seed {seed} ...", flush=True)

@@ -32,3 +32,20 @@ def bench_repo(tmp, budget):
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"], cwd=repo, check=True)
     return repo, env
+
+
+def add_bench_flags(p):
+    """The flags the campaign benchmarks share: --eval-tokens, --save, --table."""
+    p.add_argument("--eval-tokens", type=int, default=16384, help="prepare.py --eval-tokens of the bench's data "
+                   "(default 16384: a quarter of the cpu profile's, so that evaluation does not dominate a short run)")
+    p.add_argument("--save", metavar="FILE", help="write the measurements as JSON")
+    p.add_argument("--table", metavar="FILE", help="print the table of a saved run and exit")
+
+
+def prepare_cache(tmp, eval_tokens):
+    """Prepare the cpu profile's data from ../shared/data/corpora once in tmp/cache, with eval_tokens evaluation
+    tokens, and point AUTORESEARCH_CACHE at it (every run of the bench shares it)."""
+    os.environ["AUTORESEARCH_CACHE"] = str(tmp / "cache")
+    subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu", "--eval-tokens",
+                    str(eval_tokens)], cwd=ROOT, env=os.environ, check=True, capture_output=True)
+

@@ -10,12 +10,13 @@ files a change touches.
     experiment  one experiment's steps: commit, train (through a backend), judge, record(Result), keep
     verdict     the keep/discard/crash rule (Rule, judge_paired, judge, Verdict) and its words for the prompt, `try`
                 and report.py
+    curves      a run's learning curve (train.py's progress lines, kept beside its log) and the early-cancel rule
     conditions  the conditions a run ran under, measured by the harness: the speed probe, the wall-time allowance
     backends    where a run goes: Backend.run(spec, watch) -> Outcome; Local here (cluster.RayBackend on Ray)
     external    `agent.py try`: one experiment for Claude Code / Codex, and its verdict block
     holdout     the model artifacts kept (baseline, best) and their holdout re-score (no git: report.py uses it)
     runner      run one commit's train.py with a timeout in its own process group, evaluate it separately -> Outcome
-                (Outcome.kind: ok, crash, timeout, rejected, overtime, lost, node)
+                (Outcome.kind: ok, crash, timeout, rejected, overtime, lost, node, cancelled)
     sandbox     the bubblewrap view train.py and the evaluator run in (allow-list, root confined, no network)
     guard       what a run may not change outside its run dir: checked around every run
     pool        the devices (--devices), the worker threads that run on them, throughput

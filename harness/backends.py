@@ -2,8 +2,9 @@
 HARNESS: where a run goes. A backend is anything with run(spec, watch) -> Outcome: Local (this machine: the guard's
 snapshot, the runner, the guard's check, the artifact kept) here, and the Ray cluster's RayBackend (harness.cluster).
 A Spec is one run, fully described (no session); a Watch is the seam a running experiment talks back through: its
-start, its ticks, its events, its artifact (and, for early cancellation, its progress). Swapping where runs go never
-touches the loop.
+start, its ticks, its events, its artifact. Early cancellation travels in the Spec (a curves.Watcher, plain data):
+the rule runs where the log is written, and the run's process group is stopped there (locally, or inside the Ray
+task, which then returns at once). Swapping where runs go never touches the loop.
 """
 
 import dataclasses
@@ -39,6 +40,7 @@ class Spec:
     fresh_frozen: Callable = lambda: None   # re-export the pristine evaluator into frozen_dir
     device: object = None                   # the harness.pool.Device it runs on (None: this machine as it is)
     probe: bool = False                     # run the target's speed probe around it (prepare.py SPEED_PROBE)
+    cancel: object = None                   # a curves.Watcher: stop the training early when its rule says so
 
 
 class Watch:
@@ -86,8 +88,9 @@ class Local:
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: s.wrap(argv, spec.run_dir, gpu)) if s.wrap else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
-            on_tick=watch.tick, probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap,
-                                                       {**clean_env(), **spec.env}) if spec.probe else None)
+            on_tick=watch.tick, cancel=spec.cancel,
+            probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env})
+            if spec.probe else None)
         try:
             outcome = runner.run(run)
         finally:                                                   # also on Ctrl-C

@@ -97,7 +97,7 @@ class RayBackend:
         ev = spec.evaluation
         payload = dict(files=read_tree(spec.run_dir), frozen=read_tree(spec.frozen_dir), metric=spec.metric,
                        timeout=spec.timeout, env={k: v for k, v in spec.env.items() if k != "AUTORESEARCH_ARTIFACT"},
-                       budget=spec.budget, max_wall=spec.max_wall, probe=spec.probe,
+                       budget=spec.budget, max_wall=spec.max_wall, probe=spec.probe, cancel=spec.cancel,
                        evaluation=ev and {k: ev[k] for k in ("digest", "tolerance", "artifact")}, **self.context)
         shutil.rmtree(spec.run_dir, ignore_errors=True)
         return payload
@@ -184,7 +184,7 @@ def remote_run(payload):
                                               wrap=eval_wrap)
         spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
                               frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
-                              max_wall=payload["max_wall"], evaluation=evaluation,
+                              max_wall=payload["max_wall"], evaluation=evaluation, cancel=payload.get("cancel"),
                               probe=conditions.Probe(runner.interpreter(), frozen, eval_wrap, {**clean_env(), **env})
                               if payload["probe"] else None)
         outcome = runner.run(spec)

@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import conditions, console, gitops, holdout, ledger, search, verdict
+from harness import conditions, console, curves, gitops, holdout, ledger, search, verdict
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -21,7 +21,7 @@ from harness.gitops import git_blob_sha
 from harness.proposers import Spend
 from harness.redact import redact
 from harness.runner import Kind
-from harness.session import RUN_LOG, export_frozen, locked
+from harness.session import RUN_LOG, export_frozen, file_at_bytes, locked
 from harness.settings import THREADS
 from harness.target import run_prepare
 
@@ -98,7 +98,7 @@ class RunWatch(Watch):
                 holdout.keep_artifact(self.s.home, self.spec.n, self.s.evaluation["artifact"], path)
 
 
-def train(s, n, fix, sha, run=0, device=None, best=False):
+def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     """Run commit `sha` hermetically: a fresh export of its target files, the speed probe, train.py (sandboxed when
     available), the probe again, the separate evaluation, the guard's check of everything outside the run dir,
     through the device's backend (this machine: backends.Local; a Ray slot: its RayBackend); its log is kept in logs/
@@ -106,7 +106,9 @@ def train(s, n, fix, sha, run=0, device=None, best=False):
     (baseline runs, a candidate's further runs); train.py gets AUTORESEARCH_SEED = run_seed(s, n, run) and a fixed
     AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
     or the machine's speed changed): its artifact is not kept. device: the harness.pool.Device it runs on; None:
-    this machine as it is. Safe to call from several threads at once. Returns the runner's Outcome."""
+    this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's
+    (cancel_watcher). The run's curve is kept beside its log (harness.curves). Safe to call from several threads at
+    once. Returns the runner's Outcome."""
     name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "")
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
@@ -122,16 +124,24 @@ def train(s, n, fix, sha, run=0, device=None, best=False):
 
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, s.home / "logs" / f"{name}.log", env, s.metric,
                 s.timeout, s.budget if s.evaluation is not None else None, max_wall(s) if s.history else None,
-                s.evaluation, fresh_frozen, device, s.speed_probe)
+                s.evaluation, fresh_frozen, device, s.speed_probe, cancel_watcher(s, n, run, sha, base))
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, s.target_rel, run_dir, leave_out=evaluator_only_inside(s))
         spec.log.parent.mkdir(parents=True, exist_ok=True)
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
+    curve = curves.of_log(spec.log)
+    curves.save(curve, spec.log)
     with s.lock:
         if spec.log.exists():
             shutil.copyfile(spec.log, s.target / RUN_LOG)
+        if outcome.metric is not None and curve.points:
+            s.curves.setdefault(sha[:7], []).append(curve)
+        if outcome.cancel is not None:
+            s.log("cancel", n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
+                  curve=curve.until(outcome.cancel.at), best_curve=mean_curve(spec.cancel.best, curve,
+                                                                               outcome.cancel.at))
         if outcome.metric is not None:
             s.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
         if outcome.probe_problem and not s.probe_warned:
@@ -146,6 +156,36 @@ def train(s, n, fix, sha, run=0, device=None, best=False):
               device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
               probe_problem=outcome.probe_problem or None, best=best or None)
     return outcome
+
+
+def cancel_watcher(s, n, run, sha, base):
+    """The curves.Watcher a run is held to, or None: only a candidate's first run (n > 0, run 0, not the best's) with
+    --cancel on, base's curves and at least curves.MIN_BASELINE of the baseline's known, and no constant of the
+    schedule changed (curves.SCHEDULE; logged as a "cancel_exempt" event)."""
+    if s.settings.cancel != "on" or not n or run or base is None or not s.history:
+        return None
+    with s.lock:
+        best, baseline = list(s.curves.get(base[:7], [])), list(s.curves.get(s.history[0]["commit"], []))
+    if not best or len(baseline) < curves.MIN_BASELINE:
+        return None
+    try:
+        changed = curves.schedule_changed(*(file_at_bytes(s, c).decode("utf-8") for c in (sha, base)))
+    except UnicodeDecodeError:
+        return None
+    if changed:
+        s.log("cancel_exempt", n=n, reason=f"it changes the schedule ({', '.join(changed)})")
+        return None
+    return curves.Watcher(best, baseline)
+
+
+def mean_curve(best, curve, until):
+    """[[progress, the best's mean loss], ...] at the candidate curve's points up to `until` (the cancel event)."""
+    found = []
+    for q in curve.points:
+        values = [v for c in best if (v := c.at(q.progress)) is not None]
+        if q.progress <= until and values:
+            found.append([round(q.progress, 4), round(statistics.fmean(values), 5)])
+    return found
 
 
 def judge(s, n, fix, first, base, base_metric, device=None):
@@ -253,7 +293,8 @@ def record(s, result):
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
-                  gain=r.judged.gain, noise_sd=r.noise_sd, **r.fields)
+                  gain=r.judged.gain, noise_sd=r.noise_sd,
+                  cancelled=outcome.cancel.fields() if outcome.cancel is not None else None, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))

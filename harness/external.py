@@ -9,9 +9,11 @@ The verdict block it prints is key: value lines between '---' lines, like train.
 import time
 
 from harness import console, experiment
+from harness.curves import Cancel
 from harness.errors import SetupError
 from harness.edits import clean_description
 from harness.runner import Kind
+from harness.ledger import has_metric
 from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
 from harness.settings import MAX_FIXES
 from harness.verdict import Verdict
@@ -53,7 +55,7 @@ def try_one(s):
     if crashed and s.repo.commit(crashed).parents[0].hexsha != s.best_commit:
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
     sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed, fix_of=fix_of)
-    outcome = experiment.train(s, n, fixes, sha)
+    outcome = experiment.train(s, n, fixes, sha, base=s.best_commit)
     judged = experiment.judge(s, n, fixes, outcome, s.best_commit, s.best_metric)
     result = experiment.Result(n, outcome, judged, description, time.monotonic() - t0, fixes=fixes,
                                fields=dict(fix_of=fix_of))
@@ -134,11 +136,14 @@ def verdict(s, event, result, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash); result: the experiment.Result (None for the baseline). Returns 0."""
     best, rule = s.best_event, s.rule
-    near = event["status"] == "discard" and event["n"] > 0 and rule.near_miss(event["metric"], event["base_metric"])
+    measured = has_metric(event)
+    near = measured and event["status"] == "discard" and event["n"] > 0 and rule.near_miss(event["metric"],
+                                                                                             event["base_metric"])
     lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the margin; worth "
                                                                         "combining with another idea)" if near else "")),
-             (s.metric, f"{event['metric']:.6f}" if event["status"] != "crash" else "- (crash)")]
-    if event["n"] > 0 and event["status"] != "crash":
+             (s.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
+              f"- ({Cancel(**event['cancelled']).words()})")]
+    if event["n"] > 0 and measured:
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
     runs = event.get("runs") or []

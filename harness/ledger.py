@@ -66,12 +66,18 @@ def results_row(event):
             f"{label}{event['description']}")
 
 
+def has_metric(event):
+    """Whether an "experiment" event's metric is a measurement: not a crash's, not a run cancelled early (both
+    record karpathy's 0.0 placeholder)."""
+    return event["status"] != "crash" and not event.get("cancelled")
+
+
 def note_text(event, metric):
     """The git note of an experiment's commit, from its "experiment" event: what `git log` shows under the idea."""
-    value = f"{metric} {event['metric']:.6f}" if event["status"] != "crash" else "no metric"
+    value = f"{metric} {event['metric']:.6f}" if has_metric(event) else "no metric"
     base = event.get("base_metric")
     delta = (f" ({event['metric'] - base:+.6f} vs its base {event['base'][:7]} at {base:.6f})"
-             if base is not None and event["status"] != "crash" and event["n"] > 0 else "")
+             if base is not None and has_metric(event) and event["n"] > 0 else "")
     fixes = f", {event['fixes']} fix(es)" if event.get("fixes") else ""
     runs = len(event.get("runs") or [0])
     line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; {runs} "

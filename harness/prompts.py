@@ -6,7 +6,8 @@ history table they carry. Pure text: never touches files, git or the network.
 import collections
 import re
 
-from harness.ledger import results_row
+from harness.curves import Cancel
+from harness.ledger import has_metric, results_row
 
 HISTORY_ROWS = 60               # newer rows shown in full; older ones are summarised
 NEAR_MISSES = 10                # the newest discards within the noise margin, listed apart as ideas to combine
@@ -163,7 +164,8 @@ def format_history(history, metric, margin=0.0, touched=None):
                          f"{status['crash']} crash){spread}")
         lines.append("(their kept ones:)")
         new = [e for e in old if e["status"] == "keep"] + new
-    lines += [f"{e['n']}\t{delta(e)}\t{results_row(e)}" for e in new]
+    lines += [f"{e['n']}\t{delta(e)}\t{results_row(e)}" + (f" [{Cancel(**e['cancelled']).words()}]"
+                                                          if e.get("cancelled") else "") for e in new]
     near = [e for e in history if e["status"] == "discard" and delta(e) != "-"
             and abs(e["metric"] - e["base_metric"]) <= margin][-NEAR_MISSES:]
     if near:
@@ -174,6 +176,6 @@ def format_history(history, metric, margin=0.0, touched=None):
 
 def delta(e):
     """An experiment's metric minus that of the best it was measured against ("-" for the baseline and crashes)."""
-    if e["n"] == 0 or e["status"] == "crash" or e.get("base_metric") is None:
+    if e["n"] == 0 or not has_metric(e) or e.get("base_metric") is None:
         return "-"
     return f"{e['metric'] - e['base_metric']:+.6f}"

@@ -63,6 +63,7 @@ class RunSpec:
     evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
+    cancel: object = None                   # a curves.Watcher: training stops early when its rule says so
 
 
 class Kind(enum.Enum):
@@ -75,6 +76,7 @@ class Kind(enum.Enum):
     #                             but a busier machine can do that to an honest run, so it may be tried again
     LOST = "lost"               # the Ray worker was lost: the cluster, not train.py
     NODE = "node"               # the Ray node could not run it (no data there, no sandbox there)
+    CANCELLED = "cancelled"     # stopped early, its curve behind the best's (harness.curves): a discard, no metric
 
     @property
     def fixable(self):
@@ -111,6 +113,7 @@ class Outcome:
     eval_summary: dict = dataclasses.field(default_factory=dict)   # the separate evaluator's summary block
     probe_s: float | None = None            # the speed probe's seconds around the run (harness.conditions)
     probe_problem: str = ""                 # why a probe gave no number (the old rules apply), else ""
+    cancel: object = None                   # the curves.Cancel that stopped it (kind CANCELLED)
 
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
@@ -126,8 +129,14 @@ def run(spec):
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before = spec.probe() if spec.probe else (None, "")
-    rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log, run_env(spec),
-                                         spec.timeout, spec.on_start, spec.on_tick, peak=peak)
+    try:
+        rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
+                                             run_env(spec), spec.timeout, spec.on_start, watched(spec), peak=peak)
+    except Cancelled as stopped:            # its process group is gone: one outcome, never a second one
+        cap_log(spec.log)
+        outcome = Outcome(spec.commit, None, 0.0, stopped.elapsed, cancel=stopped.cancel,
+                          log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])))
+        return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
     after = spec.probe() if spec.probe and rc == 0 else (None, "")   # a crash or a timeout is judged without it
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
@@ -161,6 +170,28 @@ def run(spec):
     # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
     outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
+
+
+class Cancelled(Exception):
+    """Raised from a training run's tick when its curves.Watcher says stop: run_process kills the group."""
+
+    def __init__(self, cancel, elapsed):
+        super().__init__(cancel.words())
+        self.cancel, self.elapsed = cancel, elapsed
+
+
+def watched(spec):
+    """The training run's tick: spec.on_tick, then (with spec.cancel) a look at the log's new progress lines, which
+    raises Cancelled once the rule says so. Only training is watched, never the evaluation."""
+    if spec.cancel is None:
+        return spec.on_tick
+    look = spec.cancel.live(spec.log)
+
+    def tick(elapsed):
+        spec.on_tick(elapsed)
+        if (cancel := look()) is not None:
+            raise Cancelled(cancel, elapsed)
+    return tick
 
 
 def evaluate(spec, outcome):

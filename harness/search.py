@@ -415,9 +415,8 @@ def disagreement(s, study):
         e = recorded.get(n)
         if e is None:
             return f"has a trial for experiment #{n}, which events.jsonl does not record"
-        crashed = e["status"] == "crash"
-        if crashed != (t.state.name == "FAIL") or not crashed and not math.isclose(t.value, e["metric"],
-                                                                                  rel_tol=1e-9, abs_tol=1e-12):
+        state, value = outcome_of(e)
+        if state != t.state or value is not None and not math.isclose(t.value, value, rel_tol=1e-9, abs_tol=1e-12):
             return f"disagrees with events.jsonl on experiment #{n}"
     return None
 
@@ -434,6 +433,17 @@ def catch_up(s):
     study.add_trials([t for t in trials if t is not None])
 
 
+def outcome_of(event):
+    """(Optuna TrialState, value) of a recorded experiment: COMPLETE with its metric; FAIL for a crash; PRUNED for a
+    run cancelled early (harness.curves: its curve was behind the best's), with no value."""
+    import optuna
+    if event.get("cancelled"):
+        return optuna.trial.TrialState.PRUNED, None
+    if event["status"] == "crash":
+        return optuna.trial.TrialState.FAIL, None
+    return optuna.trial.TrialState.COMPLETE, event["metric"]
+
+
 def trial_of(s, event, values=None):
     """The finished Optuna trial of a recorded experiment: its constants' values (from its commit's train.py unless
     given), its metric, or failed for a crash; None when its train.py cannot be read."""
@@ -443,10 +453,9 @@ def trial_of(s, event, values=None):
             values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
         except (GitError, SetupError, ValueError):
             return None
-    crashed = event["status"] == "crash"
+    state, value = outcome_of(event)
     return optuna.trial.create_trial(
-        state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE,
-        value=None if crashed else event["metric"], params=values,
+        state=state, value=value, params=values,
         distributions={k: s.search.space[k].distribution() for k in values},
         user_attrs={"n": event["n"], "by": who(event)})
 
@@ -546,7 +555,6 @@ def tell(s, event):
     says. A study that fails here is dropped for this invocation with a warning (rebuilt on the next start)."""
     if s.search is None or s.search.study is None:
         return
-    import optuna
     search = s.search
     try:
         values = values_of(search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
@@ -555,9 +563,8 @@ def tell(s, event):
             search.pending = [(w, t) for w, t in search.pending if t is not match]
             match.set_user_attr("n", event["n"])
             match.set_user_attr("by", who(event))
-            crashed = event["status"] == "crash"
-            search.study.tell(match, None if crashed else event["metric"],
-                              state=optuna.trial.TrialState.FAIL if crashed else optuna.trial.TrialState.COMPLETE)
+            state, value = outcome_of(event)
+            search.study.tell(match, value, state=state)
         elif (trial := trial_of(s, event, values)) is not None:
             search.study.add_trial(trial)
     except Exception as e:  # noqa: BLE001  (the experiment is recorded; the study is a cache of the events)
@@ -584,7 +591,7 @@ def state_words(s, metric, limit=12):
                      f"{shown(search.space, best.params)}")
     for t in trials[-limit:]:
         delta = f"{t.value:.6f} ({t.value - base:+.6f} vs baseline)" if t.value is not None and base is not None \
-            else "crash"
+            else "cancelled early" if t.state.name == "PRUNED" else "crash"
         lines.append(f"#{t.user_attrs['n']} by {t.user_attrs.get('by', '?')}: {delta}: {shown(search.space, t.params)}")
     return "\n".join(lines)
 

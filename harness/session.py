@@ -25,7 +25,7 @@ from pathlib import Path
 
 import git
 
-from harness import checks, console, gitops, ledger, prompts, runner, sandbox
+from harness import checks, console, curves, gitops, ledger, prompts, runner, sandbox
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -96,6 +96,8 @@ class Session:
     probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
     measured: dict = dataclasses.field(default_factory=dict)   # commit[:7] -> {seed: (metric, probe_s)}: every
     #                                     run with a metric (the best's runs the paired rule pairs with)
+    curves: dict = dataclasses.field(default_factory=dict)     # commit[:7] -> [curves.Curve] of its runs with a
+    #                                     metric (what a candidate's first run is held to: harness.curves)
 
     @property
     def best_event(self):
@@ -322,11 +324,13 @@ def tag_rule(settings, state):
 
 def measured_runs(s, all_events):
     """s.measured from the tag's "run_end" events: each run's metric and probe by commit and seed (a resumed paired
-    tag pairs with the best's runs measured before)."""
+    tag pairs with the best's runs measured before); s.curves: the curves kept beside their logs."""
     for e in all_events:
-        if e.get("tag") == s.settings.tag and e.get("event") == "run_end" and e.get("metric") is not None \
-                and e.get("seed") is not None:
-            s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
+        if e.get("tag") == s.settings.tag and e.get("event") == "run_end" and e.get("metric") is not None:
+            if e.get("seed") is not None:
+                s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
+            if e.get("log") and (curve := curves.load(e["log"])) is not None:
+                s.curves.setdefault(e["commit"], []).append(curve)
     # adopted commits (a human's on top of the best) are measured anew at each seed when first paired: what they
     # changed besides train.py (a file train.py reads) must not be credited to the next candidate
 

@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from harness import curves
 from harness.edits import clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
@@ -41,6 +42,7 @@ class Settings:
     verdict: str | None                 # --verdict paired | margin (None: the tag's, or paired for a new tag)
     false_keep: float | None            # --false-keep-rate of the paired rule (None: the tag's, or FALSE_KEEP)
     source: str | None                  # local files to prepare the data from when none is prepared
+    cancel: str = "on"                  # --cancel on | off: stop a candidate's first run whose curve is behind
     proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
     llm: str | None = None              # the LLM provider of anthropic | openai | hybrid (from the keys present)
     sampler: str = "tpe"                # --sampler of --proposer hybrid
@@ -209,6 +211,10 @@ def add_common_flags(p):
                    f"{1 / FALSE_KEEP:.0f}). Fixed for a tag when its baseline is recorded")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
+    p.add_argument("--cancel", choices=("on", "off"), default="on", help="on (default): stop a candidate's first run "
+                   f"early, a discard, when its loss at the same progress is more than {curves.K:g} noise sds behind "
+                   f"the best's at {curves.CONSECUTIVE} checkpoints in a row from {100 * curves.WARMUP:g} %% of the "
+                   "budget (docs/loop.md); off: every run trains to the end")
 
 
 def number(low, kind=float, above=False, most=math.inf):

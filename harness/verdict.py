@@ -306,11 +306,17 @@ def seed_ignored(rule, runs, best=()):
     return ""
 
 
+def no_metric(first):
+    """The verdict on a first run with no metric: a discard when it was cancelled early (its curve was behind the
+    best's: harness.curves), else a crash."""
+    return Verdict("discard") if getattr(first, "cancel", None) is not None else Verdict("crash")
+
+
 def judge(first, run_again, rule, best_metric):
     """The margin rule's verdict on a candidate whose first run is `first` (a runner Outcome), against best_metric
     (the mean of the best's runs, or the best re-run under the candidate's conditions: harness.experiment).
 
-    - no metric: crash.
+    - no metric: crash (a discard when it was cancelled early: no_metric).
     - discard when the first run does not beat the best by the margin; otherwise rule.confirm more runs with other
       seeds, kept only if the mean of all its runs still beats it. A confirmation that crashes makes a crash.
     - discard when its confirmations repeat its first run (seed_ignored): a lucky draw would pass for a confirmed one.
@@ -318,7 +324,7 @@ def judge(first, run_again, rule, best_metric):
     run_again(run) -> Outcome: run the candidate once more (run: the confirmation's index, 1..confirm). Returns a
     Verdict."""
     if first.metric is None:
-        return Verdict("crash")
+        return no_metric(first)
     runs = [first.metric]
     if not rule.beats(first.metric, best_metric):
         return Verdict("discard", tuple(runs), first.metric)
@@ -346,7 +352,7 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     judged on the pairs so far. pooled: (sum of squared deviations, degrees of freedom) of this tag's earlier paired
     verdicts (pooled_of), which sharpen the paired sd. Returns a Verdict (t: the last t statistic)."""
     if first.metric is None:
-        return Verdict("crash")
+        return no_metric(first)
     runs, best, remeasured, outcome, decision, why = [], [], 0, first, None, ""
     for run in range(1 + rule.confirm):
         if run:

@@ -202,3 +202,52 @@ def make_target(root, metric="val_bpb", goal="min", subdir=""):
 def edit(description, old, new):
     """An answer in the agent's format with one SEARCH/REPLACE block."""
     return f"DESCRIPTION: {description}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n"
+
+
+CURVE_TRAIN = '''"""MUTABLE: test stand-in that trains for the budget and prints train.py's progress lines: its loss at
+progress p is val_bpb + 2 (1 - p) + a seed's shift (sd 0.01) + jitter (sd 0.002); lrm is the warmup's (WARMUP of the budget);
+val_bpb = 1 + 10 |LR - 0.05| + DEPTH / 1000, as the evaluator scores it."""
+import json
+import os
+import random
+import time
+
+LR = 0.04
+DEPTH = 8
+WARMUP = 0.1
+
+budget = float(os.environ.get("AUTORESEARCH_TIME_BUDGET", "1"))
+rng = random.Random(os.environ.get("AUTORESEARCH_SEED", "0"))
+val_bpb = 1.0 + abs(LR - 0.05) * 10 + DEPTH / 1000
+shift, t0, step = rng.gauss(0.0, 0.01), time.time(), 0
+while True:
+    p = min((time.time() - t0) / budget, 1.0)
+    lrm = min(1.0, p / WARMUP) if WARMUP > 0 else 1.0
+    loss = val_bpb + 2.0 * (1 - p) + shift + rng.gauss(0.0, 0.002)
+    print(f"step {{step:05d}} ({{100 * p:.1f}}%) | loss: {{loss:.4f}} | lrm: {{lrm:.2f}} | dt: 100ms | tok/s: 1,000 | "
+          f"mfu: 0.0% | epoch: 1 | left: {{budget * (1 - p):.0f}}s", flush=True)
+    if p >= 1.0:
+        break
+    step += 1
+    time.sleep(0.1)
+with open(os.environ["AUTORESEARCH_ARTIFACT"], "w") as f:
+    json.dump({{"LR": LR, "DEPTH": DEPTH}}, f)
+print("---")
+print(f"val_bpb:          {{val_bpb:.6f}}")
+print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
+'''
+
+
+CURVE_BUDGET = 5                # seconds: long enough for a few looks at the curve (about one a second)
+
+
+def make_curve_target(root, budget):
+    """The tiny target with CURVE_TRAIN as its train.py and TIME_BUDGET = budget, committed on main."""
+    target = make_target(root)
+    (target / "train.py").write_text(CURVE_TRAIN.format())
+    prepare = (target / "prepare.py").read_text().replace("TIME_BUDGET = 1\n", f"TIME_BUDGET = {budget}\n")
+    (target / "prepare.py").write_text(prepare)
+    repo = git.Repo(root)
+    repo.git.add(A=True)
+    repo.git.commit("-qm", "a target with curves")
+    return target

@@ -8,7 +8,7 @@ import sys
 import git
 import pytest
 
-from agent_target import SECRET, make_target  # the tiny target of test_agent.py and test_cheats.py
+from agent_target import CURVE_BUDGET, SECRET, make_curve_target, make_target  # the tiny targets
 from helpers import CORPORA, REPO, run_train, train_definitions
 
 
@@ -53,6 +53,20 @@ def gpt_run(cpu_cache, tmp_path_factory):
 @pytest.fixture
 def target(tmp_path, monkeypatch):
     """The tiny target with prepared data, an Anthropic key in the environment and no other overrides."""
+    tiny_env(tmp_path, monkeypatch)
+    return make_target(tmp_path / "repo")
+
+
+@pytest.fixture
+def curve_target(tmp_path, monkeypatch):
+    """The tiny target whose train.py prints progress lines for a 5 s budget (agent_target.CURVE_TRAIN), in the
+    same environment as `target`."""
+    tiny_env(tmp_path, monkeypatch)
+    return make_curve_target(tmp_path / "repo", CURVE_BUDGET)
+
+
+def tiny_env(tmp_path, monkeypatch):
+    """The tiny target's environment: its "prepared" cache, an Anthropic key, no budget override, no OpenAI key."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "ready").touch()
@@ -60,7 +74,6 @@ def target(tmp_path, monkeypatch):
     monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
-    return make_target(tmp_path / "repo")
 
 
 @pytest.fixture

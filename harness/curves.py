@@ -1,0 +1,290 @@
+"""
+HARNESS: learning curves and the early-cancel rule, the one place that rule exists. A run's curve is read from the
+progress lines train.py prints while it trains (program.md's contract: `step N (P%) | loss: L | lrm: M | ... |
+tok/s: T`), kept beside its log as <log stem>.curve.json, and compared with the curves of the best it was built on:
+a candidate whose loss at the same point of the same schedule is clearly behind is stopped early (a discard).
+
+The rule (issue 23; the pruning idea of Optuna's MedianPruner and PatientPruner, held to the same progress fraction
+because the learning-rate schedule is a function of the budget's progress, so curves cross and a cut run is not a
+prefix of a full one): from WARMUP of the budget on, at checkpoints every STEP of progress, the candidate's loss at
+progress p is compared with the mean of the best's runs at p; it is cancelled when it is worse by more than K noise
+sds at CONSECUTIVE checkpoints in a row. The noise sd at p is the sd of the baseline's runs at p, never below their
+sd pooled over all checkpoints. Never cancelled: the baseline, further runs of a candidate, re-runs of the best, a
+tag with fewer than MIN_BASELINE baseline curves, a candidate that changes the schedule (a constant named like
+SCHEDULE differs from the best's, or its printed lrm differs from the best's at the same progress), a train.py that
+prints no progress lines.
+"""
+
+import dataclasses
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+WARMUP = 0.5                # share of the budget before the first checkpoint (issue 23's default)
+K = 3.0                     # noise sds behind the best's mean that count as behind (issue 23's default)
+CONSECUTIVE = 2             # checkpoints in a row behind before a cancel
+STEP = 0.05                 # a checkpoint every 5 % of the budget from WARMUP on
+MIN_BASELINE = 2            # baseline curves needed to know the noise at all
+LRM_TOLERANCE = 0.02        # printed lrm differing by more than this at the same progress: another schedule
+MAX_POINTS = 4096           # a curve longer than this drops every other point (a flood of lines)
+MAX_READ = 1 << 20          # bytes of a growing log read per look; a flood beyond it is skipped
+MAX_LINE = 1000             # a longer line is not a progress line
+SCHEDULE = re.compile(r"WARMUP|WARMDOWN|COOLDOWN|FINAL_LR|LR_FRAC|SCHEDULE|TIME_BUDGET|DECAY_STEPS")
+LINE = re.compile(r"step\s+(\d+)\s+\(\s*([-+\d.eE]+|nan|inf)\s*%\)\s*\|\s*loss:?\s*([-+\d.eEnaif]+)(.*)",
+                  re.IGNORECASE)
+LRM = re.compile(r"\|\s*lrm:?\s*([-+\d.eE]+)")
+TOKENS = re.compile(r"\|\s*tok(?:ens)?/s(?:ec)?:?\s*([\d,]+(?:\.\d+)?)")
+ASSIGN = re.compile(r"\s*([A-Z][A-Z0-9_]*)\s*(?::[^=]*)?=(?!=)(.*)")
+ROW = re.compile(r"\(cancelled at (\d+)%\)$")      # how a results.tsv row of a cancelled run ends
+
+
+@dataclasses.dataclass
+class Point:
+    """One progress line: progress (0..1 of the budget), the loss train.py printed (the real one prints a debiased
+    EMA of the train loss), the learning-rate multiplier (None: not printed) and tokens/s (None: not printed)."""
+    progress: float
+    loss: float
+    lrm: float | None = None
+    tokens_per_sec: float | None = None
+
+
+class Curve:
+    """A run's curve, fed the log's text as it grows (feed); points only move forward: a line whose progress is not
+    above the last point's, outside 0..100 %, or whose loss is not finite is ignored."""
+
+    def __init__(self, points=()):
+        self.points, self.rest = list(points), ""
+
+    def feed(self, text):
+        """Read the complete lines of text (the part of a line still being written waits for the next call)."""
+        lines = (self.rest + text).split("\n")
+        self.rest = lines.pop()[-MAX_LINE:]
+        for line in lines:
+            if len(line) <= MAX_LINE:
+                self.add_line(line.replace("\r", ""))
+
+    def add_line(self, line):
+        found = LINE.search(line)
+        if not found:
+            return
+        try:
+            progress, loss = float(found[2]) / 100, float(found[3])
+        except ValueError:
+            return
+        if not (math.isfinite(progress) and math.isfinite(loss) and 0.0 <= progress <= 1.0):
+            return
+        if self.points and progress <= self.points[-1].progress:
+            return
+        lrm, tokens = LRM.search(found[4]), TOKENS.search(found[4])
+        self.points.append(Point(progress, loss, number(lrm[1]) if lrm else None,
+                                 number(tokens[1].replace(",", "")) if tokens else None))
+        if len(self.points) > MAX_POINTS:
+            self.points = self.points[::2]
+
+    @property
+    def reached(self):
+        """The progress of the last point (0.0 before any)."""
+        return self.points[-1].progress if self.points else 0.0
+
+    def at(self, p, field="loss"):
+        """The value of field at progress p, linear between the points around it; None beyond the last point, before
+        the first, or where the field was not printed."""
+        for a, b in zip(self.points, self.points[1:]):
+            if a.progress <= p <= b.progress:
+                va, vb = getattr(a, field), getattr(b, field)
+                if va is None or vb is None:
+                    return None
+                return va + (vb - va) * (p - a.progress) / (b.progress - a.progress)
+        if len(self.points) == 1 and self.points[0].progress == p:
+            return getattr(self.points[0], field)
+        return None
+
+    def until(self, p):
+        """[[progress, loss], ...] up to progress p (for the cancel event)."""
+        return [[round(q.progress, 4), round(q.loss, 5)] for q in self.points if q.progress <= p]
+
+    def to_json(self):
+        return json.dumps({"points": [[q.progress, q.loss, q.lrm, q.tokens_per_sec] for q in self.points]})
+
+
+def of_log(log):
+    """The curve in a whole log (the part of it the log-size cap kept); an empty Curve when it cannot be read."""
+    curve = Curve()
+    try:
+        curve.feed(Path(log).read_bytes().decode("utf-8", "replace") + "\n")
+    except OSError:
+        pass
+    return curve
+
+
+@dataclasses.dataclass
+class Watcher:
+    """What a candidate's first run is held to while it trains: the best's curves, the baseline's, k and warmup
+    (see decide). Plain data: it travels to a Ray worker in the payload, and the rule runs where the log is."""
+    best: list
+    baseline: list
+    k: float = K
+    warmup: float = WARMUP
+
+    def live(self, log):
+        """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so."""
+        curve, offset = Curve(), 0
+
+        def look():
+            nonlocal offset
+            before, offset = len(curve.points), read_log(log, curve, offset)
+            if len(curve.points) == before:
+                return None
+            return decide(curve, self.best, self.baseline, self.k, self.warmup)
+        return look
+
+
+def number(text):
+    """float(text), None when it is not a finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def path_of(log):
+    """Where a run's curve is kept: beside its log, `0007-0.log` -> `0007-0.curve.json`."""
+    return Path(log).with_suffix(".curve.json")
+
+
+def save(curve, log):
+    """Write curve beside log (nothing for a run that printed no progress line)."""
+    if curve.points:
+        path_of(log).write_text(curve.to_json())
+
+
+def load(log):
+    """The curve kept beside log; None when there is none or it cannot be read."""
+    try:
+        points = json.loads(path_of(log).read_text())["points"]
+        return Curve(Point(*map(float_or_none, q)) for q in points)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def float_or_none(value):
+    return None if value is None else float(value)
+
+
+def read_log(log, curve, offset):
+    """Feed curve what log gained since byte offset; returns the new offset. At most MAX_READ bytes: a flood beyond
+    it is skipped (its partial first line dropped)."""
+    try:
+        with open(log, "rb") as f:
+            size = f.seek(0, 2)
+            if size - offset > MAX_READ:
+                offset, curve.rest = size - MAX_READ, ""
+                f.seek(offset)
+                f.readline()
+            else:
+                f.seek(offset)
+            data = f.read(MAX_READ)
+            curve.feed(data.decode("utf-8", "replace"))
+            return f.tell()
+    except OSError:
+        return offset
+
+
+def checkpoints(warmup=WARMUP):
+    """The progress fractions the rule looks at: warmup, warmup + STEP, ... up to 1."""
+    return [round(warmup + i * STEP, 6) for i in range(int(round((1.0 - warmup) / STEP)) + 1)]
+
+
+@dataclasses.dataclass
+class Cancel:
+    """A cancel decision: at progress `at`, the candidate's loss, the best's mean loss, the noise sd and k used."""
+    at: float
+    loss: float
+    best: float
+    sd: float
+    k: float
+
+    @property
+    def percent(self):
+        return round(100 * self.at)
+
+    def words(self):
+        """What the LLM's history and the console say."""
+        return (f"cancelled at {self.percent}%: loss {self.loss:.4f} vs the best's {self.best:.4f} at the same point "
+                f"(more than {self.k:g} x the noise sd {self.sd:.4f} behind at {CONSECUTIVE} checkpoints in a row)")
+
+    def fields(self):
+        return {"at": self.at, "loss": round(self.loss, 6), "best": round(self.best, 6), "sd": round(self.sd, 6),
+                "k": self.k}
+
+
+def noise(baseline, ps):
+    """{p: sd of the baseline's curves at p} where at least MIN_BASELINE have a value, and their pooled sd (root mean
+    square of those; None when there is none)."""
+    sds = {}
+    for p in ps:
+        values = [v for c in baseline if (v := c.at(p)) is not None]
+        if len(values) >= MIN_BASELINE:
+            sds[p] = statistics.stdev(values)
+    pooled = math.sqrt(statistics.fmean(v * v for v in sds.values())) if sds else None
+    return sds, pooled
+
+
+def decide(candidate, best, baseline, k=K, warmup=WARMUP):
+    """The rule on what is known of a candidate's curve: the first CONSECUTIVE checkpoints in a row where its loss is
+    more than k noise sds above the mean of the best's curves (see the module's text). candidate: a Curve; best,
+    baseline: lists of Curves (the best's measured runs; the baseline's). Returns a Cancel, or None (not behind, not
+    yet known, or exempt: fewer than MIN_BASELINE baseline curves, no best curve, another lrm at the same progress,
+    no noise measured). The same answer live and replayed on a recorded curve up to the same point."""
+    if len(baseline) < MIN_BASELINE or not best:
+        return None
+    ps = checkpoints(warmup)
+    sds, pooled = noise(baseline, ps)
+    streak = 0
+    for p in ps:
+        loss = candidate.at(p)
+        if loss is None:
+            return None
+        bests = [v for c in best if (v := c.at(p)) is not None]
+        if other_schedule(candidate, best, p):
+            return None
+        if not bests or p not in sds:
+            streak = 0
+            continue
+        sd = max(sds[p], pooled)
+        if sd > 0 and loss > statistics.fmean(bests) + k * sd:
+            streak += 1
+            if streak >= CONSECUTIVE:
+                return Cancel(p, loss, statistics.fmean(bests), sd, k)
+        else:
+            streak = 0
+    return None
+
+
+def other_schedule(candidate, best, p):
+    """Whether the candidate's printed lrm differs from the best's mean by more than LRM_TOLERANCE at any STEP of
+    progress up to p (a warmup that changed shows before the first checkpoint); where neither printed it: the same,
+    as far as can be measured."""
+    for q in [round(i * STEP, 6) for i in range(1, int(p / STEP + 1e-9) + 1)] + [p]:
+        mine = candidate.at(q, "lrm")
+        theirs = [v for c in best if (v := c.at(q, "lrm")) is not None]
+        if mine is not None and theirs and abs(mine - statistics.fmean(theirs)) > LRM_TOLERANCE:
+            return True
+    return False
+
+
+def schedule_changed(candidate, best):
+    """The names of the schedule's constants (SCHEDULE) assigned differently in two train.py sources (each line
+    `NAME = ...` compared as written, comments aside, in any profile's branch: a regex, so it is safe in the device
+    threads, where CPython 3.11's ast is not); [] when none is."""
+    def assigned(source):
+        found = {}
+        for line in source.splitlines():
+            if (m := ASSIGN.match(line)) and SCHEDULE.search(m[1]):
+                found.setdefault(m[1], []).append(m[2].split("#")[0].strip())
+        return found
+    mine, theirs = assigned(candidate), assigned(best)
+    return sorted(n for n in {*mine, *theirs} if mine.get(n) != theirs.get(n))

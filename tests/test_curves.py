@@ -1,0 +1,253 @@
+"""Issue 23: learning curves read from train.py's progress lines, and the early-cancel rule (harness/curves.py), on
+hand-made curves; the loop's cancellations on the tiny target with curves (agent_target.CURVE_TRAIN)."""
+
+import contextlib
+import datetime
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import git
+import optuna
+import pytest
+from agent_target import CURVE_BUDGET, edit
+from helpers import AGENT, REPO, events, rows
+from llm_server import ScriptedLLM
+
+import agent
+import report
+from harness import curves
+
+REAL_LINE = ("step 00412 ({p:.1f}%) | loss: {loss:.4f} | lrm: {lrm:.2f} | dt: 312ms | tok/s: 13,120 | mfu: 1.2% | "
+             "epoch: 1 | left: 31s")
+
+
+def curve(loss, lrm=lambda p: 1.0, every=0.01):
+    """A Curve fed real-format lines at progress 0, every, 2 every, ... 1 with loss(p) and lrm(p)."""
+    c = curves.Curve()
+    c.feed("".join(REAL_LINE.format(p=100 * i * every, loss=loss(i * every), lrm=lrm(i * every)) + "\n"
+                   for i in range(int(round(1 / every)) + 1)))
+    return c
+
+
+def test_the_real_train_py_line_is_read_with_lrm_and_tokens_per_second():
+    c = curves.Curve()
+    c.feed(REAL_LINE.format(p=62.0, loss=3.4121, lrm=0.76) + "\nnot a progress line\nstep 1 | loss 2.0\n")
+    assert [(q.progress, q.loss, q.lrm, q.tokens_per_sec) for q in c.points] == [(0.62, 3.4121, 0.76, 13120.0)]
+
+
+def test_bad_lines_are_ignored_and_a_partial_line_waits_for_its_end():
+    c = curves.Curve()
+    c.feed("step 1 (10.0%) | loss: 3.0\nstep 2 (20.0%) | loss: nan\nstep 3 (5.0%) | loss: 2.0\n"
+           "step 4 (150.0%) | loss: 1.0\nstep 5 (-3%) | loss: 1.0\nstep 6 (inf%) | loss: 1.0\n"
+           "step 7 (20.0%) | loss: inf\nstep 8 (" + "9" * 2000 + "%) | loss: 1.0\nstep 9 (30.0%) | lo")
+    assert [(q.progress, q.loss) for q in c.points] == [(0.1, 3.0)]      # NaN, backwards, > 100 %, huge: ignored
+    c.feed("ss: 2.5 | lrm: 1.00\n")
+    assert [(q.progress, q.loss, q.lrm) for q in c.points] == [(0.1, 3.0, None), (0.3, 2.5, 1.0)]
+    assert c.at(0.2) == pytest.approx(2.75) and c.at(0.05) is None and c.at(0.31) is None
+    assert c.at(0.2, "lrm") is None                                      # not printed at 10 %
+
+
+def test_a_flood_of_lines_is_thinned_and_a_flooded_log_is_skipped_to_its_end(tmp_path):
+    c = curves.Curve()
+    c.feed("".join(f"step {i} ({i / 1000:.4f}%) | loss: 3.0\n" for i in range(1, 10_001)))
+    assert len(c.points) <= curves.MAX_POINTS and c.points[-1].progress == pytest.approx(0.1)
+    log = tmp_path / "run.log"
+    log.write_bytes(b"x" * (3 * curves.MAX_READ) + b"\nstep 9 (60.0%) | loss: 2.0\n")
+    c = curves.Curve()
+    assert curves.read_log(log, c, 0) == log.stat().st_size and [q.progress for q in c.points] == [0.6]
+
+
+def test_a_doomed_candidate_is_cancelled_at_the_second_checkpoint_behind_and_a_winner_never():
+    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]      # noise sd 0.01 at every p
+    doomed = curve(lambda p: 3.0 - p + (0.0 if p < 0.45 else 0.2))                  # 0.2 = 20 sd behind from 45 %
+    found = curves.decide(doomed, baseline, baseline)
+    assert (found.at, round(found.loss, 4), round(found.best, 4), round(found.sd, 4)) == (0.55, 2.65, 2.45, 0.01)
+    assert found.words().startswith("cancelled at 55%: loss 2.6500 vs the best's 2.4500 at the same point")
+    assert curves.decide(curve(lambda p: 3.0 - 1.2 * p), baseline, baseline) is None          # a winner
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.029), baseline, baseline) is None        # 2.9 sd: not beyond 3
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.031), baseline, baseline).at == 0.55     # 3.1 sd
+    # behind only at one checkpoint at a time (50 %, then 60 %): never 2 in a row
+    blips = curve(lambda p: 3.0 - p + (0.2 if abs(p - 0.5) < 0.01 or abs(p - 0.6) < 0.01 else 0.0))
+    assert curves.decide(blips, baseline, baseline) is None
+    assert curves.decide(doomed, baseline, baseline, k=25) is None and curves.decide(doomed, baseline, baseline,
+                                                                                     warmup=0.8).at == 0.85
+
+
+def test_exempt_with_one_baseline_curve_a_changed_schedule_or_before_it_is_known():
+    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.01)]
+    doomed = curve(lambda p: 3.5 - p)
+    assert curves.decide(doomed, baseline, baseline).at == 0.55
+    assert curves.decide(doomed, baseline, baseline[:1]) is None and curves.decide(doomed, [], baseline) is None
+    warmup = curve(lambda p: 3.5 - p, lrm=lambda p: min(1.0, p / 0.3))      # its lrm differs before 50 % only
+    assert curves.decide(warmup, baseline, baseline) is None
+    half = curves.Curve(q for q in doomed.points if q.progress < 0.53)      # seen up to 52 %: not yet
+    assert curves.decide(half, baseline, baseline) is None
+    train = (REPO / "train.py").read_text()
+    assert curves.schedule_changed(train, train.replace("LR = 0.06", "LR = 0.07")) == []
+    assert curves.schedule_changed(train, train.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.4  # x")) == [
+        "WARMDOWN_RATIO"]
+    assert curves.schedule_changed("WARMUP_RATIO = 0.0\nX = 1\n", "X = 1\n") == ["WARMUP_RATIO"]
+    assert curves.schedule_changed("FINAL_LR_FRAC = 0.0  # end\n", "FINAL_LR_FRAC = 0.0\n") == []
+
+
+def test_the_noise_sd_is_never_below_the_sd_pooled_over_the_checkpoints():
+    # the baseline's runs agree exactly at 55 % (sd 0 there) but not elsewhere: the pooled sd holds
+    baseline = [curve(lambda p, s=s: 3.0 - p + (0.0 if abs(p - 0.55) < 0.005 else s)) for s in (-0.05, 0.05)]
+    sds, pooled = curves.noise(baseline, curves.checkpoints())
+    assert sds[0.55] == 0.0 and pooled == pytest.approx(math.sqrt(10 / 11) * 0.05 * math.sqrt(2), rel=1e-6)
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.02), baseline, baseline) is None
+
+
+def test_live_looks_at_a_growing_log_give_the_replays_answer(tmp_path):
+    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]
+    doomed = curve(lambda p: 3.3 - p)
+    log, answers = tmp_path / "run.log", []
+    look = curves.Watcher(baseline, baseline).live(log)
+    lines = [REAL_LINE.format(p=100 * q.progress, loss=q.loss, lrm=1.0) + "\n" for q in doomed.points]
+    for i in range(0, len(lines), 7):
+        with open(log, "a") as f:
+            f.write("".join(lines[i:i + 7]))
+        answers.append(look())
+    first = next(a for a in answers if a is not None)
+    assert first == curves.decide(doomed, baseline, baseline) and first.at == 0.55
+    curves.save(curves.of_log(log), log)
+    assert [(q.progress, q.loss) for q in curves.load(log).points] == [(q.progress, q.loss) for q in doomed.points]
+    assert curves.load(tmp_path / "none.log") is None
+
+
+# ---------------------------------------------------------------------------
+# The loop on the tiny target with curves (conftest's curve_target): baseline val_bpb 1.108, a 5 s budget
+# ---------------------------------------------------------------------------
+
+BUDGET = CURVE_BUDGET
+DOOMED = edit("LR way up", "LR = 0.04", "LR = 0.5")                                  # val_bpb 5.508: far behind
+WINNER = edit("LR to 0.05", "LR = 0.04", "LR = 0.05")                                # 1.008: ahead all along
+RESCHEDULED = edit("LR way up, longer warmup", "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1",
+                   "LR = 0.5\nDEPTH = 8\nWARMUP = 0.3")                              # behind, but another schedule
+
+
+def loop(target, llm, *extra):
+    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "2", "--confirm",
+                       "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--no-holdout", *extra])
+
+
+@pytest.mark.slow
+def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedule_change(curve_target):
+    target = curve_target
+    with ScriptedLLM([DOOMED, WINNER, RESCHEDULED]) as llm:
+        assert loop(target, llm, "--max-experiments", "3", "--no-speculate") == 0
+    assert [r.split("\t")[1:] for r in rows(target)] == [
+        ["1.108000", "0.0", "keep", "baseline (2 runs)"],
+        ["0.000000", "0.0", "discard", "LR way up (cancelled at 55%)"],
+        ["1.008000", "0.0", "keep", "LR to 0.05"],
+        ["5.508000", "0.0", "discard", "LR way up, longer warmup"]]
+    cancel = events(target, "cancel")
+    assert [(e["n"], e["at"], e["k"]) for e in cancel] == [(1, 0.55, 3.0)]
+    assert cancel[0]["loss"] > cancel[0]["best"] + 4.0                 # 5.508 + 0.9 against 1.108 + 0.9
+    assert cancel[0]["curve"][-1][0] <= 0.55 < cancel[0]["curve"][-1][0] + 0.05 and cancel[0]["best_curve"]
+    ends = {e["n"]: e for e in events(target, "run_end")}
+    assert ends[1]["kind"] == "cancelled" and ends[1]["train_seconds"] < BUDGET <= ends[2]["train_seconds"]
+    assert [e["n"] for e in events(target, "cancel_exempt")] == [3]
+    assert "WARMUP" in events(target, "cancel_exempt")[0]["reason"]
+    exp = events(target, "experiment")
+    assert exp[1]["cancelled"]["at"] == 0.55 and exp[1]["kind"] == "cancelled" and exp[2]["cancelled"] is None
+    # the next proposal's history says where and by how much; a cancelled run has no delta
+    prompt = json.dumps(llm.requests[1][1])
+    assert "1\\t-\\t" in prompt and "[cancelled at 55%: loss " in prompt and "vs the best's " in prompt
+    logs = target / ".git" / "autoresearch" / "t" / "logs"
+    assert sorted(p.name for p in logs.glob("*.curve.json")) == [
+        "0000-0-r1.curve.json", "0000-0.curve.json", "0001-0.curve.json", "0002-0.curve.json", "0003-0.curve.json"]
+    note = git.Repo(target).git.notes("show", exp[1]["full_commit"])
+    assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 55%)")
+    assert "cancelled    1 discard stopped early (at 55% of the budget), 2 device-seconds of training saved" in \
+        report_text(target)
+
+
+@pytest.mark.slow
+def test_cancel_off_trains_every_run_to_the_end_and_a_resume_keeps_the_reference_curves(curve_target):
+    target = curve_target
+    with ScriptedLLM([DOOMED]) as llm:
+        assert loop(target, llm, "--max-experiments", "1", "--cancel", "off") == 0
+    with ScriptedLLM([WINNER.replace("LR = 0.05", "LR = 0.9")]) as llm:      # resumed: cancelled against the curves
+        assert loop(target, llm, "--max-experiments", "2") == 0             # of the baseline's logs
+    assert [r.split("\t")[3:] for r in rows(target)[1:]] == [["discard", "LR way up"],
+                                                             ["discard", "LR to 0.05 (cancelled at 55%)"]]
+
+
+@pytest.mark.slow
+def test_a_cancel_on_one_of_two_cpu_devices_frees_it_for_the_next_point_and_the_study_prunes_it(curve_target):
+    target = curve_target
+    (target / "program.md").write_text("# p\n## Search space\n- LR: low=0.01 high=0.9 log\n")
+    assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "2",
+                       "--confirm", "0", "--proposer", "random", "--devices", "cpu:2", "--max-experiments", "4",
+                       "--no-holdout"]) == 0
+    exps = events(target, "experiment")
+    cancelled = [e["n"] for e in exps if e.get("cancelled")]
+    assert cancelled, [e["description"] for e in exps]
+    started = {e["n"]: e for e in events(target, "started")}
+    ends = {e["n"]: e for e in events(target, "run_end") if not e.get("run")}
+    for n in cancelled:                                  # its device took the next point before a full run's end
+        after = [m for m, e in started.items() if m > n and e["device"] == started[n]["device"]]
+        if after:
+            gap = ts(started[min(after)]) - ts(started[n])
+            assert gap < BUDGET + 2.5, (n, gap, ends[n]["train_seconds"])
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{target / '.git/autoresearch/t/study.db'}")
+    pruned = {t.user_attrs["n"] for t in study.trials if t.state == optuna.trial.TrialState.PRUNED}
+    assert pruned == set(cancelled)
+
+
+@pytest.mark.slow
+def test_kill_9_right_after_a_cancel_resumes_cleanly(curve_target):
+    target = curve_target
+    with ScriptedLLM([DOOMED, DOOMED]) as llm:
+        argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "30",
+                "--baseline-runs", "2", "--confirm", "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url,
+                "--no-holdout", "--max-experiments", "1"]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (target / "events.jsonl").exists() and events(target, "cancel"):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        proc.wait()
+        assert events(target, "cancel")
+        assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
+    assert [r.split("\t")[3:] for r in rows(target)] == [["keep", "baseline (2 runs)"],
+                                                         ["discard", "LR way up (cancelled at 55%)"]]
+    assert len(events(target, "experiment")) == 2
+
+
+@pytest.mark.slow
+def test_ray_runs_the_rule_inside_the_task_and_frees_its_slot(curve_target, monkeypatch):
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")   # else Ray ships this checkout to its workers
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with ScriptedLLM([DOOMED]) as llm:
+            assert loop(curve_target, llm, "--max-experiments", "1", "--ray", "auto", "--sandbox", "off",
+                        "--no-speculate") == 0
+    finally:
+        ray.shutdown()
+    assert rows(curve_target)[1].split("\t")[3:] == ["discard", "LR way up (cancelled at 55%)"]
+    ends = {e["n"]: e for e in events(curve_target, "run_end")}
+    assert ends[1]["kind"] == "cancelled" and ends[1]["device"].startswith("ray:")
+    assert ends[1]["train_seconds"] < BUDGET
+    assert [e["n"] for e in events(curve_target, "cancel")] == [1]
+
+
+def ts(event):
+    return datetime.datetime.fromisoformat(event["ts"]).timestamp()
+
+
+def report_text(target):
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert report.main([str(target), "--png", str(target.parent / "p.png")]) == 0
+    return buffer.getvalue()
