@@ -130,6 +130,9 @@ DOOMED = edit("LR way up", "LR = 0.04", "LR = 0.5")                             
 WINNER = edit("LR to 0.05", "LR = 0.04", "LR = 0.05")                                # 1.008: ahead all along
 RESCHEDULED = edit("LR way up, longer warmup", "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1",
                    "LR = 0.5\nDEPTH = 8\nWARMUP = 0.3")                              # behind, but another schedule
+FAKE_LOSS = edit("LR way up, a loss that looks good", "LR = 0.05", "LR = 0.5") + edit(
+    "", "    loss = val_bpb + 2.0 * (1 - p) + shift + rng.gauss(0.0, 0.002)",
+    "    loss = 0.5 + 2.0 * (1 - p) + shift + rng.gauss(0.0, 0.002)").split("\n", 1)[1]   # a low loss: not cancelled
 
 
 def loop(target, llm, *extra):
@@ -140,13 +143,14 @@ def loop(target, llm, *extra):
 @pytest.mark.slow
 def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedule_change(curve_target):
     target = curve_target
-    with ScriptedLLM([DOOMED, WINNER, RESCHEDULED]) as llm:
-        assert loop(target, llm, "--max-experiments", "3", "--no-speculate") == 0
+    with ScriptedLLM([DOOMED, WINNER, RESCHEDULED, FAKE_LOSS]) as llm:
+        assert loop(target, llm, "--max-experiments", "4", "--no-speculate") == 0
     assert [r.split("\t")[1:] for r in rows(target)] == [
         ["1.108000", "0.0", "keep", "baseline (2 runs)"],
         ["0.000000", "0.0", "discard", "LR way up (cancelled at 55%)"],
         ["1.008000", "0.0", "keep", "LR to 0.05"],
-        ["5.508000", "0.0", "discard", "LR way up, longer warmup"]]
+        ["5.508000", "0.0", "discard", "LR way up, longer warmup"],
+        ["5.508000", "0.0", "discard", "LR way up, a loss that looks good"]]     # the evaluator judged it
     cancel = events(target, "cancel")
     assert [(e["n"], e["at"], e["k"]) for e in cancel] == [(1, 0.55, 3.0)]
     assert cancel[0]["loss"] > cancel[0]["best"] + 4.0                 # 5.508 + 0.9 against 1.108 + 0.9
@@ -162,7 +166,7 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
     assert "1\\t-\\t" in prompt and "[cancelled at 55%: loss " in prompt and "vs the best's " in prompt
     logs = target / ".git" / "autoresearch" / "t" / "logs"
     assert sorted(p.name for p in logs.glob("*.curve.json")) == [
-        "0000-0-r1.curve.json", "0000-0.curve.json", "0001-0.curve.json", "0002-0.curve.json", "0003-0.curve.json"]
+        "0000-0-r1.curve.json", "0000-0.curve.json", *(f"000{n}-0.curve.json" for n in range(1, 5))]
     note = git.Repo(target).git.notes("show", exp[1]["full_commit"])
     assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 55%)")
     assert "cancelled    1 discard stopped early (at 55% of the budget), 2 device-seconds of training saved" in \
