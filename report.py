@@ -17,6 +17,7 @@ pass@1 -> max).
 
 import argparse
 import collections
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -84,9 +85,19 @@ def better(a, b, goal):
 # ---------------------------------------------------------------------------
 
 def has_metric(row):
-    """A row whose metric means something: not a crash, not a run cancelled early (harness.curves: both record
-    karpathy's 0.0), and a finite number."""
-    return row.status != "crash" and not CANCELLED_ROW.search(row.description) and math.isfinite(row.metric)
+    """A row whose metric means something: not a crash, and a finite number (load_run makes the 0.0 of a run
+    cancelled early nan)."""
+    return row.status != "crash" and math.isfinite(row.metric)
+
+
+def without_cancelled(rows, events):
+    """rows with the 0.0 placeholder of each run cancelled early (harness.curves) made nan: the experiments whose
+    event has `cancelled` when there are events, else the rows whose description ends `(cancelled at N%)`."""
+    if events is not None:
+        gone = {e["commit"] for e in events if e.get("event") == "experiment" and e.get("cancelled")}
+    else:
+        gone = {r.commit for r in rows if r.status == "discard" and CANCELLED_ROW.search(r.description)}
+    return [dataclasses.replace(r, metric=math.nan) if r.commit in gone else r for r in rows]
 
 
 def running_best(rows, goal):
@@ -389,7 +400,7 @@ def load_run(results=".", events=None, tag=None, goal=None):
         tag = list(by_tag)[-1]  # one run per report: a second tag's baseline is not an experiment of the first
         if len(by_tag) > 1:
             notes.append(f"{path.name} holds the tags {', '.join(by_tag)}: reporting the latest, {tag} (--tag to choose)")
-    rows = select_tag(loaded.rows, event_list, tag) if tag else loaded.rows
+    rows = without_cancelled(select_tag(loaded.rows, event_list, tag) if tag else loaded.rows, event_list)
     goal = goal or read_goal(path.parent) or infer_goal(loaded.metric_name)
     return Run(path=path, title=path.name + (f" tag {tag}" if tag else ""), metric_name=loaded.metric_name,
                goal=goal, rows=rows, skipped=loaded.skipped, events=event_list, tag=tag, notes=notes)

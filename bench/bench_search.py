@@ -89,7 +89,7 @@ def to_90(experiments):
 def closest(c):
     """How far the campaign's best measured candidate (kept or not) got: its baseline's metric minus the lowest
     metric of an experiment after it (positive: one measured better than the baseline's mean)."""
-    measured = [e["metric"] for e in c["experiments"][1:] if e["status"] != "crash"]
+    measured = [e["metric"] for e in c["experiments"][1:] if e["status"] != "crash" and not e.get("cancelled")]
     return c["experiments"][0]["metric"] - min(measured) if measured else float("nan")
 
 

@@ -7,12 +7,14 @@ a candidate whose loss at the same point of the same schedule is clearly behind 
 The rule (issue 23; the pruning idea of Optuna's MedianPruner and PatientPruner, held to the same progress fraction
 because the learning-rate schedule is a function of the budget's progress, so curves cross and a cut run is not a
 prefix of a full one): from WARMUP of the budget on, at checkpoints every STEP of progress, the candidate's loss at
-progress p is compared with the mean of the best's runs at p; it is cancelled when it is worse by more than K noise
-sds at CONSECUTIVE checkpoints in a row. The noise sd at p is the sd of the baseline's runs at p, never below their
-sd pooled over all checkpoints. Never cancelled: the baseline, further runs of a candidate, re-runs of the best, a
-tag with fewer than MIN_BASELINE baseline curves, a candidate that changes the schedule (a constant named like
-SCHEDULE differs from the best's, or its printed lrm differs from the best's at the same progress), a train.py that
-prints no progress lines.
+progress p is compared with the mean of the best's m runs at p; it is cancelled when it is worse by more than K x
+sd x sqrt(1 + 1/m) (the sd of one run's difference to a mean of m) at CONSECUTIVE checkpoints in a row. The noise
+sd at p is the sd of the baseline's runs at p, never below their sd pooled over all checkpoints. Never cancelled:
+the baseline, further runs of a candidate, re-runs of the best, a tag with fewer than MIN_BASELINE baseline curves,
+a candidate that changes the schedule (a constant named like SCHEDULE differs from the best's, or its printed lrm
+differs from the best's at the same progress) or what its printed loss measures (a line mentioning the loss,
+dropout or smoothing differs: exempt), a run whose speed probe differs from the best's, a train.py that prints no
+progress lines.
 """
 
 import dataclasses
@@ -26,16 +28,19 @@ WARMUP = 0.5                # share of the budget before the first checkpoint (i
 K = 3.0                     # noise sds behind the best's mean that count as behind (issue 23's default)
 CONSECUTIVE = 2             # checkpoints in a row behind before a cancel
 STEP = 0.05                 # a checkpoint every 5 % of the budget from WARMUP on
-MIN_BASELINE = 2            # baseline curves needed to know the noise at all
+MIN_BASELINE = 3            # baseline curves needed to know the noise at all (agent.py's default --baseline-runs)
 LRM_TOLERANCE = 0.02        # printed lrm differing by more than this at the same progress: another schedule
 MAX_POINTS = 4096           # a curve longer than this drops every other point (a flood of lines)
 MAX_READ = 1 << 20          # bytes of a growing log read per look; a flood beyond it is skipped
 MAX_LINE = 1000             # a longer line is not a progress line
+MAX_LOSS = 1e4              # a printed loss beyond this, or an lrm outside 0..MAX_LRM, is not believed (ignored)
+MAX_LRM = 100.0
 SCHEDULE = re.compile(r"WARMUP|WARMDOWN|COOLDOWN|FINAL_LR|LR_FRAC|SCHEDULE|TIME_BUDGET|DECAY_STEPS")
 LINE = re.compile(r"step\s+(\d+)\s+\(\s*([-+\d.eE]+|nan|inf)\s*%\)\s*\|\s*loss:?\s*([-+\d.eEnaif]+)(.*)",
                   re.IGNORECASE)
 LRM = re.compile(r"\|\s*lrm:?\s*([-+\d.eE]+)")
 TOKENS = re.compile(r"\|\s*tok(?:ens)?/s(?:ec)?:?\s*([\d,]+(?:\.\d+)?)")
+LOSS_LINE = re.compile(r"loss|dropout|smooth", re.IGNORECASE)   # a changed line with these: another printed loss
 ASSIGN = re.compile(r"\s*([A-Z][A-Z0-9_]*)\s*(?::[^=]*)?=(?!=)(.*)")
 ROW = re.compile(r"\(cancelled at (\d+)%\)$")      # how a results.tsv row of a cancelled run ends
 
@@ -55,7 +60,9 @@ class Curve:
     above the last point's, outside 0..100 %, or whose loss is not finite is ignored."""
 
     def __init__(self, points=()):
-        self.points, self.rest = list(points), ""
+        self.points, self.rest = [], ""
+        for q in points:
+            self.add(q)
 
     def feed(self, text):
         """Read the complete lines of text (the part of a line still being written waits for the next call)."""
@@ -71,15 +78,23 @@ class Curve:
             return
         try:
             progress, loss = float(found[2]) / 100, float(found[3])
-        except ValueError:
-            return
-        if not (math.isfinite(progress) and math.isfinite(loss) and 0.0 <= progress <= 1.0):
-            return
-        if self.points and progress <= self.points[-1].progress:
+        except (ValueError, OverflowError):
             return
         lrm, tokens = LRM.search(found[4]), TOKENS.search(found[4])
-        self.points.append(Point(progress, loss, number(lrm[1]) if lrm else None,
-                                 number(tokens[1].replace(",", "")) if tokens else None))
+        self.add(Point(progress, loss, number(lrm[1]) if lrm else None,
+                       number(tokens[1].replace(",", "")) if tokens else None))
+
+    def add(self, q):
+        """Append point q unless it is not believable: progress not above the last point's or outside 0..1, a loss
+        not finite or beyond MAX_LOSS, an lrm outside 0..MAX_LRM (dropped: not printed)."""
+        if not (math.isfinite(q.progress) and 0.0 <= q.progress <= 1.0 and math.isfinite(q.loss)
+                and abs(q.loss) <= MAX_LOSS):
+            return
+        if self.points and q.progress <= self.points[-1].progress:
+            return
+        if q.lrm is not None and not 0.0 <= q.lrm <= MAX_LRM:
+            q = dataclasses.replace(q, lrm=None)
+        self.points.append(q)
         if len(self.points) > MAX_POINTS:
             self.points = self.points[::2]
 
@@ -127,17 +142,24 @@ class Watcher:
     baseline: list
     k: float = K
     warmup: float = WARMUP
+    probe_s: float | None = None        # the best's speed probe (harness.conditions): a run probed otherwise is not
+    #                                     watched (its steps per share of the budget differ)
 
     def live(self, log):
-        """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so."""
-        curve, offset = Curve(), 0
+        """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so (never
+        raises: a curve the rule cannot judge stops being watched)."""
+        curve, offset, broken = Curve(), 0, False
 
         def look():
-            nonlocal offset
+            nonlocal offset, broken
             before, offset = len(curve.points), read_log(log, curve, offset)
-            if len(curve.points) == before:
+            if broken or len(curve.points) == before:
                 return None
-            return decide(curve, self.best, self.baseline, self.k, self.warmup)
+            try:
+                return decide(curve, self.best, self.baseline, self.k, self.warmup)
+            except Exception:  # noqa: BLE001  (inf and nan in a kept curve break statistics in several ways)
+                broken = True
+                return None
         return look
 
 
@@ -166,7 +188,7 @@ def load(log):
     try:
         points = json.loads(path_of(log).read_text())["points"]
         return Curve(Point(*map(float_or_none, q)) for q in points)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
         return None
 
 
@@ -254,7 +276,7 @@ def decide(candidate, best, baseline, k=K, warmup=WARMUP):
         if not bests or p not in sds:
             streak = 0
             continue
-        sd = max(sds[p], pooled)
+        sd = max(sds[p], pooled) * math.sqrt(1 + 1 / len(bests))
         if sd > 0 and loss > statistics.fmean(bests) + k * sd:
             streak += 1
             if streak >= CONSECUTIVE:
@@ -276,10 +298,25 @@ def other_schedule(candidate, best, p):
     return False
 
 
+def exempt(candidate, best):
+    """Why a candidate's train.py (source text) may not be compared with the best's by its curve, or None: a constant
+    of the schedule (SCHEDULE) assigned differently, or a line that computes or prints the loss (LOSS_LINE) changed.
+    Lines compared as written, comments aside, in any profile's branch: a regex, safe in the device threads, where
+    CPython 3.11's ast is not."""
+    if changed := schedule_changed(candidate, best):
+        return f"it changes the schedule ({', '.join(changed)})"
+    if loss_lines(candidate) != loss_lines(best):
+        return "it changes a line that computes or prints the loss"
+    return None
+
+
+def loss_lines(source):
+    return [line.split("#")[0].strip() for line in source.splitlines() if LOSS_LINE.search(line.split("#")[0])]
+
+
 def schedule_changed(candidate, best):
     """The names of the schedule's constants (SCHEDULE) assigned differently in two train.py sources (each line
-    `NAME = ...` compared as written, comments aside, in any profile's branch: a regex, so it is safe in the device
-    threads, where CPython 3.11's ast is not); [] when none is."""
+    `NAME = ...` compared as written, comments aside); [] when none is."""
     def assigned(source):
         found = {}
         for line in source.splitlines():

@@ -136,8 +136,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     with s.lock:
         if spec.log.exists():
             shutil.copyfile(spec.log, s.target / RUN_LOG)
-        if outcome.metric is not None and curve.points:
-            s.curves.setdefault(sha[:7], []).append(curve)
+        if outcome.metric is not None and curve.points:      # by log: a run redone after a kill replaces its own
+            s.curves.setdefault(sha[:7], {})[spec.log.name] = curve
         if outcome.cancel is not None:
             s.log("cancel", n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
                   curve=curve.until(outcome.cancel.at), best_curve=mean_curve(spec.cancel.best, curve,
@@ -160,22 +160,27 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
 
 def cancel_watcher(s, n, run, sha, base):
     """The curves.Watcher a run is held to, or None: only a candidate's first run (n > 0, run 0, not the best's) with
-    --cancel on, base's curves and at least curves.MIN_BASELINE of the baseline's known, and no constant of the
-    schedule changed (curves.SCHEDULE; logged as a "cancel_exempt" event)."""
+    --cancel on, base's curves and at least curves.MIN_BASELINE of the baseline's known, and not exempt by what its
+    train.py changed (curves.exempt: the schedule, the printed loss; logged as a "cancel_exempt" event), and not
+    without the sandbox on several local devices. The Watcher carries the best's speed probe (a run probed otherwise
+    is not watched)."""
     if s.settings.cancel != "on" or not n or run or base is None or not s.history:
         return None
+    if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
+        return None                                            # other's logs: curves are then not evidence
     with s.lock:
-        best, baseline = list(s.curves.get(base[:7], [])), list(s.curves.get(s.history[0]["commit"], []))
+        best = list(s.curves.get(base[:7], {}).values())
+        baseline = list(s.curves.get(s.history[0]["commit"], {}).values())
     if not best or len(baseline) < curves.MIN_BASELINE:
         return None
     try:
-        changed = curves.schedule_changed(*(file_at_bytes(s, c).decode("utf-8") for c in (sha, base)))
+        why = curves.exempt(*(file_at_bytes(s, c).decode("utf-8") for c in (sha, base)))
     except UnicodeDecodeError:
         return None
-    if changed:
-        s.log("cancel_exempt", n=n, reason=f"it changes the schedule ({', '.join(changed)})")
+    if why:
+        s.log("cancel_exempt", n=n, reason=why)
         return None
-    return curves.Watcher(best, baseline)
+    return curves.Watcher(best, baseline, probe_s=best_probe(s, base))
 
 
 def mean_curve(best, curve, until):
@@ -277,8 +282,11 @@ def record(s, result):
     description = r.description if len(r.judged.runs) < 2 else f"{r.description} ({len(r.judged.runs)} runs)"
     if r.judged.remeasured:
         description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
-    if r.why:
-        description = clean_description(f"{description} ({r.why})")
+    cancel = outcome.cancel if outcome.kind is Kind.CANCELLED else None
+    if r.why:                           # a cancel's suffix is kept whole: it says the row's 0.0 is no metric
+        end = f" ({r.why})"
+        description = clean_description(description)[:200 - len(end)] + end if cancel else \
+            clean_description(f"{description}{end}")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
     event = s.log("experiment", n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
@@ -294,7 +302,7 @@ def record(s, result):
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
                   gain=r.judged.gain, noise_sd=r.noise_sd,
-                  cancelled=outcome.cancel.fields() if outcome.cancel is not None else None, **r.fields)
+                  cancelled=cancel.fields() if cancel is not None else None, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))

@@ -118,20 +118,24 @@ class Outcome:
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
         self.metric, self.kind, self.reason = None, kind, reason
+        if kind is not Kind.CANCELLED:      # a cancelled run the guard then rejects is a rejection
+            self.cancel = None
         return self
 
 
 def run(spec):
     """Train, check, evaluate. Returns an Outcome whose metric is the frozen evaluator's (or, without an
     Evaluation, train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing
-    the run. Rejections (Kind.REJECTED) are runs whose result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs
+    the run. With spec.cancel, training stops early when its rule says so (Kind.CANCELLED, outcome.cancel), unless
+    the speed probe before it differs from the best's (the curves would not be comparable). Rejections (Kind.REJECTED) are runs whose result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs
     with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before = spec.probe() if spec.probe else (None, "")
     try:
         rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
-                                             run_env(spec), spec.timeout, spec.on_start, watched(spec), peak=peak)
+                                             run_env(spec), spec.timeout, spec.on_start, watched(spec, before[0]),
+                                             peak=peak)
     except Cancelled as stopped:            # its process group is gone: one outcome, never a second one
         cap_log(spec.log)
         outcome = Outcome(spec.commit, None, 0.0, stopped.elapsed, cancel=stopped.cancel,
@@ -180,10 +184,11 @@ class Cancelled(Exception):
         self.cancel, self.elapsed = cancel, elapsed
 
 
-def watched(spec):
+def watched(spec, probe_s):
     """The training run's tick: spec.on_tick, then (with spec.cancel) a look at the log's new progress lines, which
-    raises Cancelled once the rule says so. Only training is watched, never the evaluation."""
-    if spec.cancel is None:
+    raises Cancelled once the rule says so. Only training is watched, never the evaluation; not a run whose speed
+    probe (probe_s, before it) differs from the best's (conditions.differ: its steps per share differ)."""
+    if spec.cancel is None or conditions.differ(probe_s, spec.cancel.probe_s):
         return spec.on_tick
     look = spec.cancel.live(spec.log)
 

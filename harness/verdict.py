@@ -309,7 +309,7 @@ def seed_ignored(rule, runs, best=()):
 def no_metric(first):
     """The verdict on a first run with no metric: a discard when it was cancelled early (its curve was behind the
     best's: harness.curves), else a crash."""
-    return Verdict("discard") if getattr(first, "cancel", None) is not None else Verdict("crash")
+    return Verdict("discard") if getattr(first.kind, "value", None) == "cancelled" else Verdict("crash")
 
 
 def judge(first, run_again, rule, best_metric):

@@ -21,7 +21,8 @@ from llm_server import ScriptedLLM
 
 import agent
 import report
-from harness import curves
+from harness import curves, runner
+from harness.ledger import Row
 
 REAL_LINE = ("step 00412 ({p:.1f}%) | loss: {loss:.4f} | lrm: {lrm:.2f} | dt: 312ms | tok/s: 13,120 | mfu: 1.2% | "
              "epoch: 1 | left: 31s")
@@ -67,11 +68,12 @@ def test_a_doomed_candidate_is_cancelled_at_the_second_checkpoint_behind_and_a_w
     baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]      # noise sd 0.01 at every p
     doomed = curve(lambda p: 3.0 - p + (0.0 if p < 0.45 else 0.2))                  # 0.2 = 20 sd behind from 45 %
     found = curves.decide(doomed, baseline, baseline)
-    assert (found.at, round(found.loss, 4), round(found.best, 4), round(found.sd, 4)) == (0.55, 2.65, 2.45, 0.01)
+    # the sd of one run's difference to the mean of the best's 3: 0.01 x sqrt(1 + 1/3)
+    assert (found.at, round(found.loss, 4), round(found.best, 4), round(found.sd, 5)) == (0.55, 2.65, 2.45, 0.01155)
     assert found.words().startswith("cancelled at 55%: loss 2.6500 vs the best's 2.4500 at the same point")
     assert curves.decide(curve(lambda p: 3.0 - 1.2 * p), baseline, baseline) is None          # a winner
-    assert curves.decide(curve(lambda p: 3.0 - p + 0.029), baseline, baseline) is None        # 2.9 sd: not beyond 3
-    assert curves.decide(curve(lambda p: 3.0 - p + 0.031), baseline, baseline).at == 0.55     # 3.1 sd
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.034), baseline, baseline) is None        # 2.9 sd: not beyond 3
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.036), baseline, baseline).at == 0.55     # 3.1 sd
     # behind only at one checkpoint at a time (50 %, then 60 %): never 2 in a row
     blips = curve(lambda p: 3.0 - p + (0.2 if abs(p - 0.5) < 0.01 or abs(p - 0.6) < 0.01 else 0.0))
     assert curves.decide(blips, baseline, baseline) is None
@@ -80,15 +82,20 @@ def test_a_doomed_candidate_is_cancelled_at_the_second_checkpoint_behind_and_a_w
 
 
 def test_exempt_with_one_baseline_curve_a_changed_schedule_or_before_it_is_known():
-    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.01)]
+    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]
     doomed = curve(lambda p: 3.5 - p)
     assert curves.decide(doomed, baseline, baseline).at == 0.55
-    assert curves.decide(doomed, baseline, baseline[:1]) is None and curves.decide(doomed, [], baseline) is None
+    assert curves.decide(doomed, baseline, baseline[:2]) is None and curves.decide(doomed, [], baseline) is None
     warmup = curve(lambda p: 3.5 - p, lrm=lambda p: min(1.0, p / 0.3))      # its lrm differs before 50 % only
     assert curves.decide(warmup, baseline, baseline) is None
     half = curves.Curve(q for q in doomed.points if q.progress < 0.53)      # seen up to 52 %: not yet
     assert curves.decide(half, baseline, baseline) is None
     train = (REPO / "train.py").read_text()
+    assert curves.exempt(train, train.replace("LR = 0.06", "LR = 0.07")) is None
+    assert curves.exempt(train, train.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.4")) == \
+        "it changes the schedule (WARMDOWN_RATIO)"
+    smoothed = train.replace("smooth_loss = 0.9 * smooth_loss", "smooth_loss = 0.5 * smooth_loss")
+    assert curves.exempt(train, smoothed) == "it changes a line that computes or prints the loss"
     assert curves.schedule_changed(train, train.replace("LR = 0.06", "LR = 0.07")) == []
     assert curves.schedule_changed(train, train.replace("WARMDOWN_RATIO = 0.5", "WARMDOWN_RATIO = 0.4  # x")) == [
         "WARMDOWN_RATIO"]
@@ -96,11 +103,24 @@ def test_exempt_with_one_baseline_curve_a_changed_schedule_or_before_it_is_known
     assert curves.schedule_changed("FINAL_LR_FRAC = 0.0  # end\n", "FINAL_LR_FRAC = 0.0\n") == []
 
 
+def test_values_no_one_believes_are_ignored_and_the_watch_never_raises(tmp_path):
+    c = curves.Curve()
+    c.feed("step 1 (10.0%) | loss: 1e308 | lrm: 1.0\nstep 2 (20.0%) | loss: 3.0 | lrm: 1e308\n"
+           "step 3 (30.0%) | loss: 1e999 | lrm: 1.0\nstep 4 (40.0%) | loss: 2.9 | lrm: -5\n")
+    assert [(q.progress, q.loss, q.lrm) for q in c.points] == [(0.2, 3.0, None), (0.4, 2.9, None)]
+    # a best whose kept curve holds huge values (a hand-edited curve file, say) makes the rule fail: not watched
+    huge = curves.Curve([curves.Point(p / 100, 1e4 if p > 40 else 3.0) for p in range(101)])
+    huge.points[60].loss = float("inf")
+    log = tmp_path / "run.log"
+    log.write_text("".join(REAL_LINE.format(p=p, loss=9.0, lrm=1.0) + "\n" for p in range(0, 101, 5)))
+    assert curves.Watcher([huge], [huge, huge, huge]).live(log)() is None
+
+
 def test_the_noise_sd_is_never_below_the_sd_pooled_over_the_checkpoints():
     # the baseline's runs agree exactly at 55 % (sd 0 there) but not elsewhere: the pooled sd holds
-    baseline = [curve(lambda p, s=s: 3.0 - p + (0.0 if abs(p - 0.55) < 0.005 else s)) for s in (-0.05, 0.05)]
+    baseline = [curve(lambda p, s=s: 3.0 - p + (0.0 if abs(p - 0.55) < 0.005 else s)) for s in (-0.05, 0.0, 0.05)]
     sds, pooled = curves.noise(baseline, curves.checkpoints())
-    assert sds[0.55] == 0.0 and pooled == pytest.approx(math.sqrt(10 / 11) * 0.05 * math.sqrt(2), rel=1e-6)
+    assert sds[0.55] == 0.0 and pooled == pytest.approx(math.sqrt(10 / 11) * 0.05, rel=1e-6)
     assert curves.decide(curve(lambda p: 3.0 - p + 0.02), baseline, baseline) is None
 
 
@@ -136,7 +156,7 @@ FAKE_LOSS = edit("LR way up, a loss that looks good", "LR = 0.05", "LR = 0.5") +
 
 
 def loop(target, llm, *extra):
-    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "2", "--confirm",
+    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "3", "--confirm",
                        "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--no-holdout", *extra])
 
 
@@ -146,7 +166,7 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
     with ScriptedLLM([DOOMED, WINNER, RESCHEDULED, FAKE_LOSS]) as llm:
         assert loop(target, llm, "--max-experiments", "4", "--no-speculate") == 0
     assert [r.split("\t")[1:] for r in rows(target)] == [
-        ["1.108000", "0.0", "keep", "baseline (2 runs)"],
+        ["1.108000", "0.0", "keep", "baseline (3 runs)"],
         ["0.000000", "0.0", "discard", "LR way up (cancelled at 55%)"],
         ["1.008000", "0.0", "keep", "LR to 0.05"],
         ["5.508000", "0.0", "discard", "LR way up, longer warmup"],
@@ -166,7 +186,8 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
     assert "1\\t-\\t" in prompt and "[cancelled at 55%: loss " in prompt and "vs the best's " in prompt
     logs = target / ".git" / "autoresearch" / "t" / "logs"
     assert sorted(p.name for p in logs.glob("*.curve.json")) == [
-        "0000-0-r1.curve.json", "0000-0.curve.json", *(f"000{n}-0.curve.json" for n in range(1, 5))]
+        "0000-0-r1.curve.json", "0000-0-r2.curve.json", "0000-0.curve.json",
+        *(f"000{n}-0.curve.json" for n in range(1, 5))]
     note = git.Repo(target).git.notes("show", exp[1]["full_commit"])
     assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 55%)")
     assert "cancelled    1 discard stopped early (at 55% of the budget), 2 device-seconds of training saved" in \
@@ -178,17 +199,21 @@ def test_cancel_off_trains_every_run_to_the_end_and_a_resume_keeps_the_reference
     target = curve_target
     with ScriptedLLM([DOOMED]) as llm:
         assert loop(target, llm, "--max-experiments", "1", "--cancel", "off") == 0
-    with ScriptedLLM([WINNER.replace("LR = 0.05", "LR = 0.9")]) as llm:      # resumed: cancelled against the curves
-        assert loop(target, llm, "--max-experiments", "2") == 0             # of the baseline's logs
-    assert [r.split("\t")[3:] for r in rows(target)[1:]] == [["discard", "LR way up"],
-                                                             ["discard", "LR to 0.05 (cancelled at 55%)"]]
+    long = "LR to 0.9 " + "and a long story " * 12                       # a 200-character row keeps the suffix
+    with ScriptedLLM([WINNER.replace("LR = 0.05", "LR = 0.9").replace("LR to 0.05", long)]) as llm:
+        assert loop(target, llm, "--max-experiments", "2") == 0             # resumed: the baseline's curves are read
+    last = rows(target)[-1].split("\t")                                      # from beside their logs
+    assert rows(target)[1].split("\t")[3:] == ["discard", "LR way up"] and last[3] == "discard"
+    assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith(" (cancelled at 55%)")
+    assert len(last[4]) == 200
+    assert "cancelled" in report_text(target) and "best         1.108000" in report_text(target)
 
 
 @pytest.mark.slow
 def test_a_cancel_on_one_of_two_cpu_devices_frees_it_for_the_next_point_and_the_study_prunes_it(curve_target):
     target = curve_target
     (target / "program.md").write_text("# p\n## Search space\n- LR: low=0.01 high=0.9 log\n")
-    assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "2",
+    assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "3",
                        "--confirm", "0", "--proposer", "random", "--devices", "cpu:2", "--max-experiments", "4",
                        "--no-holdout"]) == 0
     exps = events(target, "experiment")
@@ -211,7 +236,7 @@ def test_kill_9_right_after_a_cancel_resumes_cleanly(curve_target):
     target = curve_target
     with ScriptedLLM([DOOMED, DOOMED]) as llm:
         argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "30",
-                "--baseline-runs", "2", "--confirm", "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url,
+                "--baseline-runs", "3", "--confirm", "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url,
                 "--no-holdout", "--max-experiments", "1"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
@@ -223,7 +248,7 @@ def test_kill_9_right_after_a_cancel_resumes_cleanly(curve_target):
         proc.wait()
         assert events(target, "cancel")
         assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
-    assert [r.split("\t")[3:] for r in rows(target)] == [["keep", "baseline (2 runs)"],
+    assert [r.split("\t")[3:] for r in rows(target)] == [["keep", "baseline (3 runs)"],
                                                          ["discard", "LR way up (cancelled at 55%)"]]
     assert len(events(target, "experiment")) == 2
 
@@ -255,3 +280,20 @@ def report_text(target):
     with contextlib.redirect_stdout(buffer):
         assert report.main([str(target), "--png", str(target.parent / "p.png")]) == 0
     return buffer.getvalue()
+
+
+def test_a_run_whose_speed_probe_differs_from_the_bests_is_not_watched(tmp_path):
+    spec = runner.RunSpec(commit="", cwd=tmp_path, log=tmp_path / "run.log", metric="val_bpb", timeout=1,
+                          cancel=curves.Watcher([], [], probe_s=1.0))
+    assert runner.watched(spec, 1.5) is spec.on_tick                     # another machine speed: curves not comparable
+    assert runner.watched(spec, 1.01) is not spec.on_tick and runner.watched(spec, None) is not spec.on_tick
+
+
+def test_report_leaves_out_the_placeholder_of_cancelled_rows_by_event_or_by_suffix():
+    rows_ = [Row("a" * 7, 1.1, 0.0, "keep", "baseline"), Row("b" * 7, 0.0, 0.0, "discard", "x (cancelled at 55%)"),
+             Row("c" * 7, 1.3, 0.0, "discard", "y (cancelled at 60%)")]
+    by_suffix = report.without_cancelled(rows_, None)
+    assert [math.isnan(r.metric) for r in by_suffix] == [False, True, True]
+    by_event = report.without_cancelled(rows_, [{"event": "experiment", "commit": "b" * 7, "cancelled": {"at": 0.55}},
+                                                {"event": "experiment", "commit": "c" * 7}])
+    assert [r.metric for r in by_event][2] == 1.3 and math.isnan(by_event[1].metric)   # an idea named so is a row
