@@ -3,8 +3,8 @@ BENCHMARK: early cancellation (harness/curves.py). A campaign of agent.py with -
 (cpu profile, --proposer random over the constants that leave the schedule alone, so every point may be cancelled)
 records every run's curve; the rule is then replayed on those curves for several k and warm-up values: the device
 time it would have saved (a cancelled run's rest, its evaluation and its further runs) as a share of the device time
-of the discarded experiments, and its false cancels (an experiment that was kept, or came within one noise sd of its
-base, that the rule would have stopped). Then the same campaign (the same seed: the same points) live with --cancel
+of the discarded experiments, and its false cancels (an experiment that was kept, or a near-miss: a discard within
+NEAR bpb of the best at the same seeds, or better, that the rule would have stopped). Then the same campaign (the same seed: the same points) live with --cancel
 on, side by side: experiments per hour.
 
     uv run bench/bench_cancel.py                                  # budget 60 s, 20 experiments each way: ~1 h
@@ -40,6 +40,7 @@ SPACE = """
 - ADAM_BETA1: low=0.6 high=0.95
 - DEPTH: low=2 high=6
 """
+NEAR = 0.01          # a discard whose paired gain is at least -NEAR (bpb) is a near-miss: cancelling it is false
 GRID = [(k, w) for k in (2.0, 3.0, 4.0) for w in (0.3, 0.5, 0.7)]
 
 
@@ -84,15 +85,17 @@ def record(repo, events, budget):
     for e in exps[1:]:
         mine = [r for r in ends if r["n"] == e["n"]]
         first = next((r for r in mine if not r.get("run") and not r.get("best")), None)
-        best = [p for r in ends if r["commit"] == e["base"][:7] and r["metric"] is not None
-                and ts(r) < started.get(e["n"], ts(e)) and (p := points(r["log"]))]
-        near = e["status"] == "discard" and not e.get("cancelled") and e["metric"] <= (
-            e["base_metric"] + (e.get("noise_sd") or 0.0)) and e["kind"] == "ok"
+        before = [r for r in ends if r["commit"] == e["base"][:7] and r["metric"] is not None
+                  and ts(r) < started.get(e["n"], ts(e))]
+        best = [p for r in before if (p := points(r["log"]))]
+        same = [r for r in before if first and r.get("seed") == first.get("seed")]
+        near = e["status"] == "discard" and e["kind"] == "ok" and (e.get("gain") or -1.0) >= -NEAR
         found.append(dict(
             n=e["n"], status=e["status"], near=near, metric=e["metric"], cancelled=e.get("cancelled"),
             device_s=sum(r["train_seconds"] + r["eval_seconds"] for r in mine),
             first_train_s=first["train_seconds"] if first else 0.0,
-            curve=points(first["log"]) if first else None, best=best,
+            curve=points(first["log"]) if first else None, best=best, gain=e.get("gain"),
+            paired=points(same[-1]["log"]) if same else None,
             exempt=bool(curves.schedule_changed(show(e["full_commit"]), show(e["base"])))))
     wall = ts(exps[-1]) - ts(exps[0])
     return dict(budget=budget, baseline=baseline, experiments=found, wall=wall,
@@ -111,7 +114,8 @@ def replay(rec, k, warmup):
     for e in rec["experiments"]:
         if e["curve"] is None or e["exempt"] or e["status"] == "crash":
             continue
-        found = curves.decide(as_curve(e["curve"]), [as_curve(p) for p in e["best"]], baseline, k, warmup)
+        paired = as_curve(e["paired"]) if e.get("paired") else None
+        found = curves.decide(as_curve(e["curve"]), [as_curve(p) for p in e["best"]], baseline, k, warmup, paired)
         if found is None:
             continue
         cancelled += 1
@@ -128,7 +132,8 @@ def table(results):
     exps = off["experiments"]
     lines = [f"replay on the --cancel off campaign: {len(exps)} experiments, "
              f"{sum(e['status'] == 'keep' for e in exps)} kept, {sum(e['status'] == 'discard' for e in exps)} "
-             f"discarded ({sum(e['near'] for e in exps)} within one noise sd of their base), "
+             f"discarded ({sum(e['near'] for e in exps)} near-misses: within {NEAR} bpb of the best at the same "
+             "seeds, or better), "
              f"{sum(e['status'] == 'crash' for e in exps)} crashed; {len(off['baseline'])} baseline curves; "
              f"{sum(e['exempt'] for e in exps)} exempt (schedule changed)", "",
              f"{'k':>4} {'warm-up':>7} {'cancelled':>9} {'saved s':>8} {'of discards':>11}  false cancels"]
@@ -158,16 +163,17 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="the random proposer's seed (both campaigns)")
     p.add_argument("--timeout", type=float, help="agent.py --timeout (default 2.5 x the budget)")
     p.add_argument("--no-live", action="store_true", help="only the --cancel off campaign and its replay")
+    p.add_argument("--resume", metavar="FILE", help="a --save file: its campaigns are kept, the missing ones run")
     add_bench_flags(p)
     args = p.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return
-    results = {}
+    results = json.loads(Path(args.resume).read_text()) if args.resume else {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         prepare_cache(tmp, args.eval_tokens)
-        for cancel in ("off",) if args.no_live else ("off", "on"):
+        for cancel in [c for c in (("off",) if args.no_live else ("off", "on")) if c not in results]:
             print(f"campaign --cancel {cancel} ...", flush=True)
             results[cancel] = campaign(tmp / cancel, args.budget, args.experiments, args.seed, cancel,
                                        args.timeout or 2.5 * args.budget)

@@ -7,9 +7,10 @@ a candidate whose loss at the same point of the same schedule is clearly behind 
 The rule (issue 23; the pruning idea of Optuna's MedianPruner and PatientPruner, held to the same progress fraction
 because the learning-rate schedule is a function of the budget's progress, so curves cross and a cut run is not a
 prefix of a full one): from WARMUP of the budget on, at checkpoints every STEP of progress, the candidate's loss at
-progress p is compared with the mean of the best's m runs at p; it is cancelled when it is worse by more than K x
-sd x sqrt(1 + 1/m) (the sd of one run's difference to a mean of m) at CONSECUTIVE checkpoints in a row. The noise
-sd at p is the sd of the baseline's runs at p, never below their sd pooled over all checkpoints. Never cancelled:
+progress p is compared with the best's run at the same seed (the same init and data order: the paired verdict's
+pairing; threshold K x sd x sqrt(2)), or without one with the mean of the best's m runs at p (K x sd x sqrt(1 +
+1/m)); it is cancelled when it is worse by more than that at CONSECUTIVE checkpoints in a row. The noise sd at p is
+the sd of the baseline's runs at p (different seeds), never below their sd pooled over all checkpoints. Never cancelled:
 the baseline, further runs of a candidate, re-runs of the best, a tag with fewer than MIN_BASELINE baseline curves,
 a candidate that changes the schedule (a constant named like SCHEDULE differs from the best's, or its printed lrm
 differs from the best's at the same progress) or what its printed loss measures (a line mentioning the loss,
@@ -24,7 +25,8 @@ import re
 import statistics
 from pathlib import Path
 
-WARMUP = 0.5                # share of the budget before the first checkpoint (issue 23's default)
+WARMUP = 0.7                # share of the budget before the first checkpoint (issue 23 proposed 0.5; at 0.5 the
+#                             benchmark's replay cancelled a near-miss: docs/benchmarks.md#early-cancellation)
 K = 3.0                     # noise sds behind the best's mean that count as behind (issue 23's default)
 CONSECUTIVE = 2             # checkpoints in a row behind before a cancel
 STEP = 0.05                 # a checkpoint every 5 % of the budget from WARMUP on
@@ -144,6 +146,7 @@ class Watcher:
     warmup: float = WARMUP
     probe_s: float | None = None        # the best's speed probe (harness.conditions): a run probed otherwise is not
     #                                     watched (its steps per share of the budget differ)
+    paired: object = None               # the best's Curve at the candidate's seed, when it has run there
 
     def live(self, log):
         """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so (never
@@ -156,7 +159,7 @@ class Watcher:
             if broken or len(curve.points) == before:
                 return None
             try:
-                return decide(curve, self.best, self.baseline, self.k, self.warmup)
+                return decide(curve, self.best, self.baseline, self.k, self.warmup, self.paired)
             except Exception:  # noqa: BLE001  (inf and nan in a kept curve break statistics in several ways)
                 broken = True
                 return None
@@ -255,12 +258,15 @@ def noise(baseline, ps):
     return sds, pooled
 
 
-def decide(candidate, best, baseline, k=K, warmup=WARMUP):
+def decide(candidate, best, baseline, k=K, warmup=WARMUP, paired=None):
     """The rule on what is known of a candidate's curve: the first CONSECUTIVE checkpoints in a row where its loss is
-    more than k noise sds above the mean of the best's curves (see the module's text). candidate: a Curve; best,
-    baseline: lists of Curves (the best's measured runs; the baseline's). Returns a Cancel, or None (not behind, not
-    yet known, or exempt: fewer than MIN_BASELINE baseline curves, no best curve, another lrm at the same progress,
-    no noise measured). The same answer live and replayed on a recorded curve up to the same point."""
+    more than k noise sds above the best's (see the module's text). candidate: a Curve; best, baseline: lists of
+    Curves (the best's measured runs; the baseline's); paired: the best's run at the candidate's seed (the same init
+    and data order), when there is one: then the reference at p is that run's loss and the threshold k x sd x
+    sqrt(2) (two single runs, their correlation not counted on), else the mean of best and k x sd x sqrt(1 + 1/m).
+    Returns a Cancel, or None (not behind, not yet known, or exempt: fewer than MIN_BASELINE baseline curves, no best
+    curve, another lrm at the same progress, no noise measured). The same answer live and replayed on a recorded
+    curve up to the same point."""
     if len(baseline) < MIN_BASELINE or not best:
         return None
     ps = checkpoints(warmup)
@@ -276,11 +282,13 @@ def decide(candidate, best, baseline, k=K, warmup=WARMUP):
         if not bests or p not in sds:
             streak = 0
             continue
-        sd = max(sds[p], pooled) * math.sqrt(1 + 1 / len(bests))
-        if sd > 0 and loss > statistics.fmean(bests) + k * sd:
+        same = paired.at(p) if paired is not None else None
+        reference = same if same is not None else statistics.fmean(bests)
+        sd = max(sds[p], pooled) * math.sqrt(2 if same is not None else 1 + 1 / len(bests))
+        if sd > 0 and loss > reference + k * sd:
             streak += 1
             if streak >= CONSECUTIVE:
-                return Cancel(p, loss, statistics.fmean(bests), sd, k)
+                return Cancel(p, loss, reference, sd, k)
         else:
             streak = 0
     return None

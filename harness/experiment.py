@@ -136,12 +136,13 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     with s.lock:
         if spec.log.exists():
             shutil.copyfile(spec.log, s.target / RUN_LOG)
-        if outcome.metric is not None and curve.points:      # by log: a run redone after a kill replaces its own
-            s.curves.setdefault(sha[:7], {})[spec.log.name] = curve
+        if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own
+            s.curves.setdefault(sha[:7], {})[seed] = curve
         if outcome.cancel is not None:
+            watched = spec.cancel
             s.log("cancel", n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
-                  curve=curve.until(outcome.cancel.at), best_curve=mean_curve(spec.cancel.best, curve,
-                                                                               outcome.cancel.at))
+                  curve=curve.until(outcome.cancel.at), paired=watched.paired is not None,
+                  best_curve=mean_curve([watched.paired] if watched.paired else watched.best, curve, outcome.cancel.at))
         if outcome.metric is not None:
             s.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
         if outcome.probe_problem and not s.probe_warned:
@@ -169,8 +170,7 @@ def cancel_watcher(s, n, run, sha, base):
     if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
         return None                                            # other's logs: curves are then not evidence
     with s.lock:
-        best = list(s.curves.get(base[:7], {}).values())
-        baseline = list(s.curves.get(s.history[0]["commit"], {}).values())
+        best, baseline = dict(s.curves.get(base[:7], {})), list(s.curves.get(s.history[0]["commit"], {}).values())
     if not best or len(baseline) < curves.MIN_BASELINE:
         return None
     try:
@@ -180,11 +180,13 @@ def cancel_watcher(s, n, run, sha, base):
     if why:
         s.log("cancel_exempt", n=n, reason=why)
         return None
-    return curves.Watcher(best, baseline, probe_s=best_probe(s, base))
+    return curves.Watcher(list(best.values()), baseline, probe_s=best_probe(s, base),
+                          paired=best.get(run_seed(s, n, 0)))
 
 
 def mean_curve(best, curve, until):
-    """[[progress, the best's mean loss], ...] at the candidate curve's points up to `until` (the cancel event)."""
+    """[[progress, the mean loss of best's curves], ...] at the candidate curve's points up to `until` (the cancel
+    event: the best's run at the same seed, or the mean of its runs)."""
     found = []
     for q in curve.points:
         values = [v for c in best if (v := c.at(q.progress)) is not None]

@@ -96,7 +96,7 @@ class Session:
     probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
     measured: dict = dataclasses.field(default_factory=dict)   # commit[:7] -> {seed: (metric, probe_s)}: every
     #                                     run with a metric (the best's runs the paired rule pairs with)
-    curves: dict = dataclasses.field(default_factory=dict)     # commit[:7] -> {log name: curves.Curve} of its runs
+    curves: dict = dataclasses.field(default_factory=dict)     # commit[:7] -> {seed: curves.Curve} of its runs
     #                                     with a metric (what a candidate's first run is held to: harness.curves)
 
     @property
@@ -330,7 +330,7 @@ def measured_runs(s, all_events):
             if e.get("seed") is not None:
                 s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
             if e.get("log") and (curve := curves.load(e["log"])) is not None:
-                s.curves.setdefault(e["commit"], {})[Path(e["log"]).name] = curve
+                s.curves.setdefault(e["commit"], {})[e.get("seed", e["log"])] = curve
     # adopted commits (a human's on top of the best) are measured anew at each seed when first paired: what they
     # changed besides train.py (a file train.py reads) must not be credited to the next candidate
 

@@ -238,7 +238,7 @@ print(f"time_budget_s:    {{os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}}")
 '''
 
 
-CURVE_BUDGET = 5                # seconds: long enough for a few looks at the curve (about one a second)
+CURVE_BUDGET = 8                # seconds: long enough for a few looks at the curve (about one a second)
 
 
 def make_curve_target(root, budget):

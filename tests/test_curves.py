@@ -69,13 +69,13 @@ def test_a_doomed_candidate_is_cancelled_at_the_second_checkpoint_behind_and_a_w
     doomed = curve(lambda p: 3.0 - p + (0.0 if p < 0.45 else 0.2))                  # 0.2 = 20 sd behind from 45 %
     found = curves.decide(doomed, baseline, baseline)
     # the sd of one run's difference to the mean of the best's 3: 0.01 x sqrt(1 + 1/3)
-    assert (found.at, round(found.loss, 4), round(found.best, 4), round(found.sd, 5)) == (0.55, 2.65, 2.45, 0.01155)
-    assert found.words().startswith("cancelled at 55%: loss 2.6500 vs the best's 2.4500 at the same point")
+    assert (found.at, round(found.loss, 4), round(found.best, 4), round(found.sd, 5)) == (0.75, 2.45, 2.25, 0.01155)
+    assert found.words().startswith("cancelled at 75%: loss 2.4500 vs the best's 2.2500 at the same point")
     assert curves.decide(curve(lambda p: 3.0 - 1.2 * p), baseline, baseline) is None          # a winner
     assert curves.decide(curve(lambda p: 3.0 - p + 0.034), baseline, baseline) is None        # 2.9 sd: not beyond 3
-    assert curves.decide(curve(lambda p: 3.0 - p + 0.036), baseline, baseline).at == 0.55     # 3.1 sd
-    # behind only at one checkpoint at a time (50 %, then 60 %): never 2 in a row
-    blips = curve(lambda p: 3.0 - p + (0.2 if abs(p - 0.5) < 0.01 or abs(p - 0.6) < 0.01 else 0.0))
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.036), baseline, baseline).at == 0.75     # 3.1 sd
+    # behind only at one checkpoint at a time (70 %, then 80 %): never 2 in a row
+    blips = curve(lambda p: 3.0 - p + (0.2 if abs(p - 0.7) < 0.01 or abs(p - 0.8) < 0.01 else 0.0))
     assert curves.decide(blips, baseline, baseline) is None
     assert curves.decide(doomed, baseline, baseline, k=25) is None and curves.decide(doomed, baseline, baseline,
                                                                                      warmup=0.8).at == 0.85
@@ -84,11 +84,12 @@ def test_a_doomed_candidate_is_cancelled_at_the_second_checkpoint_behind_and_a_w
 def test_exempt_with_one_baseline_curve_a_changed_schedule_or_before_it_is_known():
     baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]
     doomed = curve(lambda p: 3.5 - p)
-    assert curves.decide(doomed, baseline, baseline).at == 0.55
+    assert curves.decide(doomed, baseline, baseline).at == 0.75 == curves.decide(doomed, baseline, baseline,
+                                                                               warmup=0.5).at + 0.2
     assert curves.decide(doomed, baseline, baseline[:2]) is None and curves.decide(doomed, [], baseline) is None
     warmup = curve(lambda p: 3.5 - p, lrm=lambda p: min(1.0, p / 0.3))      # its lrm differs before 50 % only
     assert curves.decide(warmup, baseline, baseline) is None
-    half = curves.Curve(q for q in doomed.points if q.progress < 0.53)      # seen up to 52 %: not yet
+    half = curves.Curve(q for q in doomed.points if q.progress < 0.73)      # seen up to 72 %: not yet
     assert curves.decide(half, baseline, baseline) is None
     train = (REPO / "train.py").read_text()
     assert curves.exempt(train, train.replace("LR = 0.06", "LR = 0.07")) is None
@@ -119,9 +120,9 @@ def test_values_no_one_believes_are_ignored_and_the_watch_never_raises(tmp_path)
 def test_the_noise_sd_is_never_below_the_sd_pooled_over_the_checkpoints():
     # the baseline's runs agree exactly at 55 % (sd 0 there) but not elsewhere: the pooled sd holds
     baseline = [curve(lambda p, s=s: 3.0 - p + (0.0 if abs(p - 0.55) < 0.005 else s)) for s in (-0.05, 0.0, 0.05)]
-    sds, pooled = curves.noise(baseline, curves.checkpoints())
+    sds, pooled = curves.noise(baseline, curves.checkpoints(0.5))
     assert sds[0.55] == 0.0 and pooled == pytest.approx(math.sqrt(10 / 11) * 0.05, rel=1e-6)
-    assert curves.decide(curve(lambda p: 3.0 - p + 0.02), baseline, baseline) is None
+    assert curves.decide(curve(lambda p: 3.0 - p + 0.02), baseline, baseline, warmup=0.5) is None
 
 
 def test_live_looks_at_a_growing_log_give_the_replays_answer(tmp_path):
@@ -135,7 +136,7 @@ def test_live_looks_at_a_growing_log_give_the_replays_answer(tmp_path):
             f.write("".join(lines[i:i + 7]))
         answers.append(look())
     first = next(a for a in answers if a is not None)
-    assert first == curves.decide(doomed, baseline, baseline) and first.at == 0.55
+    assert first == curves.decide(doomed, baseline, baseline) and first.at == 0.75
     curves.save(curves.of_log(log), log)
     assert [(q.progress, q.loss) for q in curves.load(log).points] == [(q.progress, q.loss) for q in doomed.points]
     assert curves.load(tmp_path / "none.log") is None
@@ -167,30 +168,30 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
         assert loop(target, llm, "--max-experiments", "4", "--no-speculate") == 0
     assert [r.split("\t")[1:] for r in rows(target)] == [
         ["1.108000", "0.0", "keep", "baseline (3 runs)"],
-        ["0.000000", "0.0", "discard", "LR way up (cancelled at 55%)"],
+        ["0.000000", "0.0", "discard", "LR way up (cancelled at 75%)"],
         ["1.008000", "0.0", "keep", "LR to 0.05"],
         ["5.508000", "0.0", "discard", "LR way up, longer warmup"],
         ["5.508000", "0.0", "discard", "LR way up, a loss that looks good"]]     # the evaluator judged it
     cancel = events(target, "cancel")
-    assert [(e["n"], e["at"], e["k"]) for e in cancel] == [(1, 0.55, 3.0)]
+    assert [(e["n"], e["at"], e["k"], e["paired"]) for e in cancel] == [(1, 0.75, 3.0, True)]
     assert cancel[0]["loss"] > cancel[0]["best"] + 4.0                 # 5.508 + 0.9 against 1.108 + 0.9
-    assert cancel[0]["curve"][-1][0] <= 0.55 < cancel[0]["curve"][-1][0] + 0.05 and cancel[0]["best_curve"]
+    assert cancel[0]["curve"][-1][0] <= 0.75 < cancel[0]["curve"][-1][0] + 0.05 and cancel[0]["best_curve"]
     ends = {e["n"]: e for e in events(target, "run_end")}
     assert ends[1]["kind"] == "cancelled" and ends[1]["train_seconds"] < BUDGET <= ends[2]["train_seconds"]
     assert [(e["n"], e["reason"]) for e in events(target, "cancel_exempt")] == [
         (3, "it changes the schedule (WARMUP)"), (4, "it changes a line that computes or prints the loss")]
     exp = events(target, "experiment")
-    assert exp[1]["cancelled"]["at"] == 0.55 and exp[1]["kind"] == "cancelled" and exp[2]["cancelled"] is None
+    assert exp[1]["cancelled"]["at"] == 0.75 and exp[1]["kind"] == "cancelled" and exp[2]["cancelled"] is None
     # the next proposal's history says where and by how much; a cancelled run has no delta
     prompt = json.dumps(llm.requests[1][1])
-    assert "1\\t-\\t" in prompt and "[cancelled at 55%: loss " in prompt and "vs the best's " in prompt
+    assert "1\\t-\\t" in prompt and "[cancelled at 75%: loss " in prompt and "vs the best's " in prompt
     logs = target / ".git" / "autoresearch" / "t" / "logs"
     assert sorted(p.name for p in logs.glob("*.curve.json")) == [
         "0000-0-r1.curve.json", "0000-0-r2.curve.json", "0000-0.curve.json",
         *(f"000{n}-0.curve.json" for n in range(1, 5))]
     note = git.Repo(target).git.notes("show", exp[1]["full_commit"])
-    assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 55%)")
-    assert "cancelled    1 discard stopped early (at 55% of the budget), 2 device-seconds of training saved" in \
+    assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 75%)")
+    assert "cancelled    1 discard stopped early (at 75% of the budget), 2 device-seconds of training saved" in \
         report_text(target)
 
 
@@ -204,7 +205,7 @@ def test_cancel_off_trains_every_run_to_the_end_and_a_resume_keeps_the_reference
         assert loop(target, llm, "--max-experiments", "2") == 0             # resumed: the baseline's curves are read
     last = rows(target)[-1].split("\t")                                      # from beside their logs
     assert rows(target)[1].split("\t")[3:] == ["discard", "LR way up"] and last[3] == "discard"
-    assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith(" (cancelled at 55%)")
+    assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith(" (cancelled at 75%)")
     assert len(last[4]) == 200
     assert "cancelled" in report_text(target) and "best         1.108000" in report_text(target)
 
@@ -249,7 +250,7 @@ def test_kill_9_right_after_a_cancel_resumes_cleanly(curve_target):
         assert events(target, "cancel")
         assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
     assert [r.split("\t")[3:] for r in rows(target)] == [["keep", "baseline (3 runs)"],
-                                                         ["discard", "LR way up (cancelled at 55%)"]]
+                                                         ["discard", "LR way up (cancelled at 75%)"]]
     assert len(events(target, "experiment")) == 2
 
 
@@ -264,7 +265,7 @@ def test_ray_runs_the_rule_inside_the_task_and_frees_its_slot(curve_target, monk
                         "--no-speculate") == 0
     finally:
         ray.shutdown()
-    assert rows(curve_target)[1].split("\t")[3:] == ["discard", "LR way up (cancelled at 55%)"]
+    assert rows(curve_target)[1].split("\t")[3:] == ["discard", "LR way up (cancelled at 75%)"]
     ends = {e["n"]: e for e in events(curve_target, "run_end")}
     assert ends[1]["kind"] == "cancelled" and ends[1]["device"].startswith("ray:")
     assert ends[1]["train_seconds"] < BUDGET
@@ -290,7 +291,7 @@ def test_a_run_whose_speed_probe_differs_from_the_bests_is_not_watched(tmp_path)
 
 
 def test_report_leaves_out_the_placeholder_of_cancelled_rows_by_event_or_by_suffix():
-    rows_ = [Row("a" * 7, 1.1, 0.0, "keep", "baseline"), Row("b" * 7, 0.0, 0.0, "discard", "x (cancelled at 55%)"),
+    rows_ = [Row("a" * 7, 1.1, 0.0, "keep", "baseline"), Row("b" * 7, 0.0, 0.0, "discard", "x (cancelled at 75%)"),
              Row("c" * 7, 1.3, 0.0, "discard", "y (cancelled at 60%)")]
     by_suffix = report.without_cancelled(rows_, None)
     assert [math.isnan(r.metric) for r in by_suffix] == [False, True, True]
