@@ -1,11 +1,11 @@
 """
-BENCHMARK: early cancellation (harness/curves.py). A campaign of agent.py with --cancel off on the real train.py
-(cpu profile, --proposer random over the constants that leave the schedule alone, so every point may be cancelled)
-records every run's curve; the rule is then replayed on those curves for several k and warm-up values: the device
-time it would have saved (a cancelled run's rest, its evaluation and its further runs) as a share of the device time
-of the discarded experiments, and its false cancels (an experiment that was kept, or a near-miss: a discard within
-NEAR bpb of the best at the same seeds, or better, that the rule would have stopped). Then the same campaign (the same seed: the same points) live with --cancel
-on, side by side: experiments per hour.
+BENCHMARK: early cancellation (harness/curves.py). A campaign of agent.py with --cancel off on the real train.py (cpu
+profile, --proposer random over the constants that leave the schedule alone, so every point may be cancelled) records
+every run's curve; the rule is then replayed on those curves for several k and warm-up values: the device time it would
+have saved (a cancelled run's rest, its evaluation and its further runs) as a share of the device time of the discarded
+experiments, and its false cancels (an experiment that was kept, or a near-miss: a discard within NEAR bpb of the best
+at the same seeds, or better, that the rule would have stopped). Then the same campaign (the same seed: the same points)
+live with --cancel on, side by side: experiments per hour.
 
     uv run bench/bench_cancel.py                                  # budget 60 s, 20 experiments each way: ~1 h
     uv run bench/bench_cancel.py --budget 30 --experiments 16     # what docs/benchmarks.md shows

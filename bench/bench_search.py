@@ -10,11 +10,12 @@ re-measured gain: the baseline's mean minus its mean at the same seeds.
     uv run bench/bench_search.py --budget 10 --experiments 10 --repeats 2 --timeout 40   # docs/benchmarks.md
     uv run bench/bench_search.py --table bench-search.json         # print a saved run's table again
 
-Printed per proposer: the median re-measured gain (val_bpb, positive is better), its spread over the repeats, the
-median gain the campaign reported (its own best vs its own baseline), the median number of experiments until the
-reported gain reached 90 % of its final value, keeps, crashes, and the closest miss (its baseline's metric minus
-the best measured candidate's, kept or not); and each sampler's median re-measured gain over random's. Goal (issue 22): TPE or CMA-ES with a median re-measured gain >= 1.5x random's at the same number of
-experiments. Run it on a quiet machine: another process changes a run's steps.
+Printed per proposer: the median re-measured gain (val_bpb, positive is better), its spread over the repeats, the median
+gain the campaign reported (its own best vs its own baseline), the median number of experiments until the reported gain
+reached 90 % of its final value, keeps, crashes, and the closest miss (its baseline's metric minus the best measured
+candidate's, kept or not); and each sampler's median re-measured gain over random's. Goal (issue 22): TPE or CMA-ES with
+a median re-measured gain >= 1.5x random's at the same number of experiments. Run it on a quiet machine: another process
+changes a run's steps.
 """
 
 import argparse
@@ -105,8 +106,8 @@ def table(results):
         head = "not re-measured (stopped before it): a campaign that kept nothing has a gain of 0"
     else:
         sd = statistics.stdev(results["baseline"]) if len(results["baseline"]) > 1 else float("nan")
-        head = f"baseline re-measured: val_bpb {statistics.fmean(results['baseline']):.4f} (seeds {results['fresh']}; " \
-               f"sd {sd:.4f})"
+        mean = statistics.fmean(results["baseline"])
+        head = f"baseline re-measured: val_bpb {mean:.4f} (seeds {results['fresh']}; sd {sd:.4f})"
     base = statistics.fmean(results["baseline"])
     lines = [head, "",
              f"{'proposer':<8} {'re-measured gain (median, min..max)':<38} {'reported gain':>13} {'exp to 90%':>10} "

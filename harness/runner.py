@@ -124,11 +124,11 @@ class Outcome:
 
 
 def run(spec):
-    """Train, check, evaluate. Returns an Outcome whose metric is the frozen evaluator's (or, without an
-    Evaluation, train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing
-    the run. With spec.cancel, training stops early when its rule says so (Kind.CANCELLED, outcome.cancel), unless
-    the speed probe before it differs from the best's (the curves would not be comparable). Rejections (Kind.REJECTED) are runs whose result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs
-    with no result."""
+    """Train, check, evaluate. Returns an Outcome whose metric is the frozen evaluator's (or, without an Evaluation,
+    train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing the run. With
+    spec.cancel, training stops early when its rule says so (Kind.CANCELLED, outcome.cancel), unless the speed probe
+    before it differs from the best's (the curves would not be comparable). Rejections (Kind.REJECTED) are runs whose
+    result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before = spec.probe() if spec.probe else (None, "")

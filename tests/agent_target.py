@@ -204,9 +204,9 @@ def edit(description, old, new):
     return f"DESCRIPTION: {description}\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n"
 
 
-CURVE_TRAIN = '''"""MUTABLE: test stand-in that trains for the budget and prints train.py's progress lines: its loss at
-progress p is val_bpb + 2 (1 - p) + a seed's shift (sd 0.01) + jitter (sd 0.002); lrm is the warmup's (WARMUP of the budget);
-val_bpb = 1 + 10 |LR - 0.05| + DEPTH / 1000, as the evaluator scores it."""
+CURVE_TRAIN = '''"""MUTABLE: test stand-in that trains for the budget and prints train.py's progress lines: its
+loss at progress p is val_bpb + 2 (1 - p) + a seed's shift (sd 0.01) + jitter (sd 0.002); lrm is the warmup's
+(WARMUP of the budget); val_bpb = 1 + 10 |LR - 0.05| + DEPTH / 1000, as the evaluator scores it."""
 import json
 import os
 import random
