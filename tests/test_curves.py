@@ -156,9 +156,11 @@ FAKE_LOSS = edit("LR way up, a loss that looks good", "LR = 0.05", "LR = 0.5") +
     "    loss = 0.5 + 2.0 * (1 - p) + shift + rng.gauss(0.0, 0.002)").split("\n", 1)[1]   # a low loss: exempt
 
 
-def loop(target, llm, *extra):
-    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "3", "--confirm",
-                       "0", "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--no-holdout", *extra])
+def loop(target, llm, *extra, rule=("--confirm", "0")):
+    """agent.main on tag t with 3 baseline runs; the strict rule (seeds 1000 n + r: no run of the best at a
+    candidate's seed) unless rule=() (the paired rule: run r of every experiment at the tag's seed base + r)."""
+    return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "3", *rule,
+                       "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--no-holdout", *extra])
 
 
 @pytest.mark.slow
@@ -173,7 +175,7 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
         ["5.508000", "0.0", "discard", "LR way up, longer warmup"],
         ["5.508000", "0.0", "discard", "LR way up, a loss that looks good"]]     # the evaluator judged it
     cancel = events(target, "cancel")
-    assert [(e["n"], e["at"], e["k"], e["paired"]) for e in cancel] == [(1, 0.75, 3.0, True)]
+    assert [(e["n"], e["at"], e["k"], e["paired"]) for e in cancel] == [(1, 0.75, 3.0, False)]   # the best's mean
     assert cancel[0]["loss"] > cancel[0]["best"] + 4.0                 # 5.508 + 0.9 against 1.108 + 0.9
     assert cancel[0]["curve"][-1][0] <= 0.75 < cancel[0]["curve"][-1][0] + 0.05 and cancel[0]["best_curve"]
     ends = {e["n"]: e for e in events(target, "run_end")}
@@ -198,16 +200,17 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
 @pytest.mark.slow
 def test_cancel_off_trains_every_run_to_the_end_and_a_resume_keeps_the_reference_curves(curve_target):
     target = curve_target
-    with ScriptedLLM([DOOMED]) as llm:
-        assert loop(target, llm, "--max-experiments", "1", "--cancel", "off") == 0
+    with ScriptedLLM([DOOMED]) as llm:                          # the paired rule: the baseline ran at #2's seed
+        assert loop(target, llm, "--max-experiments", "1", "--cancel", "off", rule=()) == 0
     long = "LR to 0.9 " + "and a long story " * 12                       # a 200-character row keeps the suffix
     with ScriptedLLM([WINNER.replace("LR = 0.05", "LR = 0.9").replace("LR to 0.05", long)]) as llm:
-        assert loop(target, llm, "--max-experiments", "2") == 0             # resumed: the baseline's curves are read
+        assert loop(target, llm, "--max-experiments", "2", rule=()) == 0    # resumed: the baseline's curves are read
     last = rows(target)[-1].split("\t")                                      # from beside their logs
     assert rows(target)[1].split("\t")[3:] == ["discard", "LR way up"] and last[3] == "discard"
     assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith(" (cancelled at 75%)")
     assert len(last[4]) == 200
     assert "cancelled" in report_text(target) and "best         1.108000" in report_text(target)
+    assert [(e["n"], e["paired"]) for e in events(target, "cancel")] == [(2, True)]   # its seed's baseline run
 
 
 @pytest.mark.slow
