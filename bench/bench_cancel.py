@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache
+from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache, save
 
 sys.path.insert(0, str(ROOT))
 from harness import curves  # noqa: E402
@@ -178,8 +178,7 @@ def main():
             results[cancel] = campaign(tmp / cancel, args.budget, args.experiments, args.seed, cancel,
                                        args.timeout or 2.5 * args.budget)
             print(f"  {args.experiments} experiments, {results[cancel]['per_hour']:.1f} exp/h", flush=True)
-            if args.save:
-                Path(args.save).write_text(json.dumps(results))
+            save(results, args.save)
     print()
     print(table(results))
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache
+from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache, save
 
 PROPOSERS = ("random", "tpe", "cmaes")
 TAG = "bench"
@@ -163,8 +163,7 @@ def main():
                 print(f"  {len(c['experiments']) - 1} experiments in {c['wall']:.0f} s, "
                       f"{sum(e['status'] == 'keep' for e in c['experiments'][1:])} kept", flush=True)
                 results["campaigns"].append(c)
-                if args.save:                   # kept as it goes: a stopped bench keeps its campaigns
-                    Path(args.save).write_text(json.dumps(results))
+                save(results, args.save)       # kept as it goes: a stopped bench keeps its campaigns
         (tmp / "remeasure").mkdir()
         repo, env = bench_repo(tmp / "remeasure", args.budget)
         results["baseline"] = remeasure(tmp, repo, env, (ROOT / "train.py").read_text(), fresh, "baseline")
@@ -172,8 +171,7 @@ def main():
             same = c["best"] == (ROOT / "train.py").read_text()
             c["remeasured"] = results["baseline"] if same else remeasure(tmp, repo, env, c["best"], fresh,
                                                                          f"{c['proposer']}-{c['seed']}")
-    if args.save:
-        Path(args.save).write_text(json.dumps(results))
+    save(results, args.save)
     print()
     print(table(results))
 

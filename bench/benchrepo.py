@@ -4,6 +4,7 @@ $AUTORESEARCH_CACHE if it is ready, else one made from ../shared/data/corpora in
 throwaway git repository holding this project's prepare.py, train.py and program.md, committed on main.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -48,4 +49,11 @@ def prepare_cache(tmp, eval_tokens):
     os.environ["AUTORESEARCH_CACHE"] = str(tmp / "cache")
     subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu", "--eval-tokens",
                     str(eval_tokens)], cwd=ROOT, env=os.environ, check=True, capture_output=True)
+
+
+def save(results, path):
+    """Write a benchmark's results as JSON to path (--save; None: nowhere): kept as it goes, so that a stopped bench
+    keeps what it measured."""
+    if path:
+        Path(path).write_text(json.dumps(results))
 

@@ -100,11 +100,6 @@ class Curve:
         if len(self.points) > MAX_POINTS:
             self.points = self.points[::2]
 
-    @property
-    def reached(self):
-        """The progress of the last point (0.0 before any)."""
-        return self.points[-1].progress if self.points else 0.0
-
     def at(self, p, field="loss"):
         """The value of field at progress p, linear between the points around it; None beyond the last point, before
         the first, or where the field was not printed."""
