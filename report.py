@@ -255,6 +255,40 @@ def cancelled_of(events, tag=None):
             f"budget), {saved:.0f} device-seconds of training saved")
 
 
+def memory_of(events, tag=None, goal="min"):
+    """The lines on the search's memory (harness/memory.py, harness/outer.py): the proposals refused before a run, by
+    rule, and each search mechanism the outer loop designed: activated or rejected, what it refused, the experiments
+    it shaped (proposed while it was active) with their keeps and best gain, where it is committed. [] when none."""
+    mine = [e for e in events if tag is None or e.get("tag") == tag]
+    refused = [e for e in mine if e.get("event") == "refused"]
+    lines = []
+    if refused:
+        rules = collections.Counter(e.get("rule", "?") for e in refused)
+        forced = sum(e.get("event") == "forced" for e in mine)
+        lines.append(f"refused      {len(refused)} proposal{'s' if len(refused) > 1 else ''} before a run ("
+                     + ", ".join(f"{rule} {k}" for rule, k in rules.most_common()) + ")"
+                     + (f"; {forced} run anyway by `try --force`" if forced else ""))
+    exps = experiment_events(events, tag)
+    for mid in dict.fromkeys(e["id"] for e in mine if e.get("event") == "mechanism"):
+        acts = {e["action"]: e for e in mine if e.get("event") == "mechanism" and e["id"] == mid}
+        if "activated" not in acts:
+            why = acts.get("rejected", {}).get("reason", "not validated yet")
+            lines.append(f"mechanism {mid:<4} rejected: {why}")
+            continue
+        shaped = [e for e in exps if mid in (e.get("shaped_by") or [])]
+        gains = [(e["base_metric"] - e["metric"]) * (1 if goal == "min" else -1) for e in shaped
+                 if e["status"] != "crash" and e.get("base_metric") is not None]
+        end = acts.get("deactivated") or acts.get("retired")
+        lines.append(
+            f"mechanism {mid:<4} activated after #{acts['activated'].get('after', '?')}"
+            + (f", {end['action']} after #{end.get('after', '?')}: {end.get('reason', '')}" if end else "")
+            + f"; refused {sum(e.get('rule') == f'mechanism {mid}' for e in refused)}, shaped {len(shaped)} "
+            f"experiments ({sum(e['status'] == 'keep' for e in shaped)} kept"
+            + (f", best gain {max(gains):+.6f}" if gains else "") + f"); git show {acts['activated'].get('ref')}"
+            ":mechanism.py")
+    return lines
+
+
 def format_events(st):
     """Time per experiment and token / cost totals as text."""
     if st.experiments == 0:
@@ -498,7 +532,7 @@ def main(argv=None):
     runs = {e["commit"]: e.get("runs") for e in experiment_events(run.events or [], run.tag)}
     who, line = proposers_of(run.events or [], run.tag)
     print(format_kept(kept_table(rows, run.goal), run.metric_name, runs, who if len(set(who.values())) > 1 else None))
-    for line in (line, cancelled_of(run.events or [], run.tag)):
+    for line in (line, cancelled_of(run.events or [], run.tag), *memory_of(run.events or [], run.tag, run.goal)):
         if line:
             print(line)
     noise_sd, runs = noise_of(run)

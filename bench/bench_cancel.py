@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache, save
+from benchrepo import ROOT, bench_repo, parse_bench_args, prepare_cache, save
 
 sys.path.insert(0, str(ROOT))
 from harness import curves  # noqa: E402
@@ -164,11 +164,7 @@ def main():
     p.add_argument("--timeout", type=float, help="agent.py --timeout (default 2.5 x the budget)")
     p.add_argument("--no-live", action="store_true", help="only the --cancel off campaign and its replay")
     p.add_argument("--resume", metavar="FILE", help="a --save file: its campaigns are kept, the missing ones run")
-    add_bench_flags(p)
-    args = p.parse_args()
-    if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
-        return
+    args = parse_bench_args(p, table)
     results = json.loads(Path(args.resume).read_text()) if args.resume else {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

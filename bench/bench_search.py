@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchrepo import ROOT, add_bench_flags, bench_repo, prepare_cache, save
+from benchrepo import ROOT, bench_repo, parse_bench_args, prepare_cache, save
 
 PROPOSERS = ("random", "tpe", "cmaes")
 TAG = "bench"
@@ -145,11 +145,7 @@ def main():
     p.add_argument("--timeout", type=float, help="agent.py --timeout (a point that builds a huge model times out: "
                    "a shorter timeout wastes less; default agent.py's)")
     p.add_argument("--proposers", default=",".join(PROPOSERS), help="comma-separated subset of random,tpe,cmaes")
-    add_bench_flags(p)
-    args = p.parse_args()
-    if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
-        return
+    args = parse_bench_args(p, table)
     fresh = [900_001 + i for i in range(args.fresh)]   # far from any seed a campaign draws (secrets: < 2**31 too,
     results = dict(fresh=fresh, budget=args.budget, experiments=args.experiments, campaigns=[])   # but unlikely)
     with tempfile.TemporaryDirectory() as tmp:

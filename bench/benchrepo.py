@@ -35,6 +35,16 @@ def bench_repo(tmp, budget):
     return repo, env
 
 
+def parse_bench_args(p, table):
+    """Add the shared flags (add_bench_flags) and parse; with --table FILE print table(the saved results) and exit."""
+    add_bench_flags(p)
+    args = p.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        sys.exit(0)
+    return args
+
+
 def add_bench_flags(p):
     """The flags the campaign benchmarks share: --eval-tokens, --save, --table."""
     p.add_argument("--eval-tokens", type=int, default=16384, help="prepare.py --eval-tokens of the bench's data "

@@ -8,10 +8,10 @@ The verdict block it prints is key: value lines between '---' lines, like train.
 
 import time
 
-from harness import console, experiment
+from harness import console, experiment, outer
 from harness.curves import Cancel
 from harness.errors import SetupError
-from harness.edits import clean_description
+from harness.edits import EditError, clean_description
 from harness.runner import Kind
 from harness.ledger import has_metric
 from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
@@ -52,6 +52,8 @@ def try_one(s):
                          f"spacing aside), already measured: try another idea (`git show {earlier['commit']}:"
                          f"{s.train_rel}` shows it)")
     n, t0 = s.next_n, time.monotonic()
+    if not a.fix:                       # the tabu, as the loop's proposals meet it (a fix repeats its idea by design)
+        screen(s, n, description, source)
     if crashed and s.repo.commit(crashed).parents[0].hexsha != s.best_commit:
         crashed = None                  # a commit you added on the branch since: the fix goes on top of it instead
     sha = experiment.commit(s, n, source, message, fix=fixes, amend=crashed, fix_of=fix_of)
@@ -65,6 +67,18 @@ def try_one(s):
         experiment.keep(s, event)
     synced = write_checkout(s, expected=source)
     return verdict(s, event, result, synced)
+
+
+def screen(s, n, description, source):
+    """The loop's gate for your idea (harness.outer.screen, without the search mechanisms: they review the LLM's
+    proposals): SetupError with the same words the LLM would read, unless --force (the override is logged)."""
+    try:
+        outer.screen(s, n, description, best_source(s), source, by="try", review=False)
+    except EditError as e:
+        if not s.settings.force:
+            raise SetupError(f"refused: {e}. Nothing ran; `--force` runs it anyway") from None
+        s.log("forced", n=n, reason=str(e))
+        console.say(f"--force: running it although {e}")
 
 
 def check_based_on_best(s):

@@ -1,16 +1,18 @@
 """
 HARNESS: git. Owns the ratchet branch autoresearch/<tag> (moved by update-ref only), candidate commits (only
 train.py, made in the harness's own worktree, hooks respected), the candidate refs refs/autoresearch/<tag>/<n>-<sha7>,
-exports of a commit for a run, and the repository lock. It never switches, resets or writes the user's checkout,
+exports of a commit for a run, the record commits of search mechanisms, and the repository lock. It never switches, resets or writes the user's checkout,
 never passes --no-verify, and knows nothing of the ledger.
 """
 
 import fcntl
-import os
 import hashlib
+import io
+import os
 from pathlib import Path
 
 import git
+from gitdb import IStream
 
 from harness.errors import SetupError, Stop, os_words
 
@@ -153,6 +155,19 @@ def add_note(repo, commit, text):
         existing = ""
     if text not in existing:
         repo.git.notes("append", "-m", text, commit)
+
+
+def commit_files(repo, files, message):
+    """A parentless commit holding `files` ({name: text}, at the top of its tree) with this message, written straight
+    to the object database (no worktree, no index, no hooks: it is a record, not a candidate). Returns its sha."""
+    entries = []
+    for name in sorted(files):
+        data = files[name].encode()
+        blob = repo.odb.store(IStream("blob", len(data), io.BytesIO(data))).binsha
+        entries.append(b"100644 " + name.encode() + b"\0" + blob)
+    tree = b"".join(entries)
+    tree_sha = repo.odb.store(IStream("tree", len(tree), io.BytesIO(tree))).hexsha
+    return repo.git.commit_tree(tree_sha.decode() if isinstance(tree_sha, bytes) else tree_sha, "-m", message)
 
 
 def git_blob_sha(data):

@@ -1,16 +1,19 @@
 """
 HARNESS: proposing. Asks the proposer for ideas against the best train.py (k different ones in one call: a wave), turns
 each answer into a train.py through the SEARCH/REPLACE format, sends an unusable answer back with the exact error (at
-most MAX_REPAIRS times), refuses a train.py already measured or in flight, and asks for a crashed candidate's fix. The
-ideas wait in a Backlog until a device takes them. It never trains and never judges.
+most MAX_REPAIRS times), refuses a train.py already measured or in flight, passes an LLM's idea through the gate
+(harness.outer: the tabu, the outer loop's freezes, search mechanisms) and shows it the exploration section, and asks
+for a crashed candidate's fix. The ideas wait in a Backlog until a device takes them. It never trains and never
+judges.
 """
 
 import collections
 import dataclasses
+import functools
 import re
 import time
 
-from harness import console, experiment, hybrid, ledger
+from harness import console, experiment, hybrid, ledger, outer
 from harness.edits import EditError, answer_for, apply_answer, fingerprint
 from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
@@ -38,11 +41,18 @@ class Idea:
     fix_words: str = ""
     by: str = ""                        # who chose it when the proposer mixes (hybrid: the sampler or the LLM)
     why: str = ""                       # the LLM's reason for an override or a code edit
+    moves: tuple = ()                   # what it changes (harness.memory.Change), when the gate looked at it
+    families: tuple = ()
+    asked: str = ""                     # the family the bandit named for it
+    shaped: tuple = ()                  # what shaped its prompt: the outer loop's guidance ("outer 2"), mechanisms
 
     @property
     def credit(self):
-        """The experiment event's fields saying who proposed it and why (none for a plain proposer's idea)."""
-        return {k: v for k, v in (("by", self.by), ("why", self.why)) if v}
+        """The experiment event's fields saying who proposed it and why, what it changes and what steered it (none
+        for a plain proposer's idea)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in (
+            ("by", self.by), ("why", self.why), ("moves", self.moves), ("families", self.families),
+            ("asked_family", self.asked), ("shaped_by", self.shaped)) if v}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +99,17 @@ def propose(s, backlog, n, running, k=1):
     results are known and which candidates are still in flight. The usable ideas join backlog.ideas. Returns how many
     there were (0: no answer could be repaired)."""
     train_src, t0 = best_source(s), time.monotonic()
+    plain_llm, gate = backlog.proposer.is_llm and backlog.proposer.name != "hybrid", None
+    if plain_llm and outer.due(s):      # the outer loop's step (--outer-every), before the proposal it shapes
+        outer.step(s, backlog, n)
+    explore = ""
+    if plain_llm:                       # the memory's section and gate: tabu, families, freezes, mechanisms
+        explore, picks, shaped = outer.section(s, train_src, k)
+        gate = functools.partial(gated, s, n, train_src, picks, shaped)
     prompt = PROPOSE_PROMPT.format(
         program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric, goal=goal_word(s.goal),
         history=format_history(s.history, s.metric, s.rule.margin, touched_by(s)), pending=pending(s, running),
-        train=train_src)
+        train=train_src, explore=explore and f"\n{explore}\n")
     if k > 1:
         prompt += WAVE_PROMPT.format(k=k)
     s.status(n, "proposing" + (f" {k} ideas" if k > 1 else ""))
@@ -103,7 +120,7 @@ def propose(s, backlog, n, running, k=1):
         found, llm, k = len(ideas), True, 0
     for i in range(1 if llm and k else k):     # samplers, grid: one draw per idea
         ideas = ask_for_edit(s, backlog, n + i, [{"role": "user", "content": prompt}], train_src, running,
-                             k if llm else 1)
+                             k if llm else 1, gate=gate)
         backlog.ideas.extend(ideas)
         found += len(ideas)
     if s.pool is not None:
@@ -125,11 +142,20 @@ def pending(s, running):
             "again): " + "; ".join(f"#{j.n} {j.description}" for j in sorted(running, key=lambda j: j.n)))
 
 
-def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None, again=REPAIR_PROMPT):
+def gated(s, n, train_src, picks, shaped, description, source, i):
+    """The gate of an LLM's idea i of an answer (harness.outer.screen: tabu, freezes, mechanisms; EditError when
+    refused): the Idea fields saying what it changes, the family the bandit named for it, what shaped its prompt."""
+    change = outer.screen(s, n + i, description, train_src, source)
+    return dict(moves=change.moves, families=change.families, asked=picks[i] if i < len(picks) else "",
+                shaped=tuple(shaped))
+
+
+def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None, again=REPAIR_PROMPT, gate=None):
     """One conversation with the proposer: an answer with no usable idea goes back with the exact error, at most
     MAX_REPAIRS times. An answer may hold up to k ideas (a DESCRIPTION line each, then its blocks); the unusable
     ones of an answer that has some usable ones are dropped (logged). read(text) -> [(description, source, answer,
     by, why)] reads another kind of answer (the hybrid's, whose repair request is `again`), raising EditError.
+    gate(description, source, i) -> the Idea's extra fields, raising EditError when it refuses idea i (see gated).
     Returns the usable Ideas, [] if none."""
     before = s.spend
     for repair in range(MAX_REPAIRS + 1):
@@ -144,8 +170,9 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None,
                 for description, source, text, by, why in read(answer) if read else \
                         [(*apply_answer(answer, train_src, FROZEN), answer, "", "")]:
                     check_new(s, source, [*in_flight(backlog, running), *ideas])
+                    extra = gate(description, source, len(ideas)) if gate else {}
                     ideas.append(Idea(description, source, text, s.best_commit, repair, Spend(), backlog.wave,
-                                      by=by, why=why))
+                                      by=by, why=why, **extra))
             except EditError as e:
                 errors.append(str(e))
         cost = (s.spend - before).share(max(1, len(ideas)))

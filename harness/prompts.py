@@ -42,7 +42,7 @@ PROPOSE_PROMPT = """\
 {history}
 
 {pending}
-
+{explore}
 # Current train.py
 ```python
 {train}
@@ -110,6 +110,43 @@ HYBRID_CODE = """\
 HYBRID_REPAIR = """\
 Your answer was rejected: {error}
 Answer again with one JSON object as described{code}."""
+
+OUTER_GUIDANCE = """\
+You oversee an automated search that edits train.py one experiment at a time (an LLM proposes, a fixed-budget run
+measures, a keep or discard follows). Its trace so far:
+
+{trace}
+
+Families tried at least 3 times in the last experiments without a keep are now frozen (refused) until the next
+review: {frozen}.
+
+Write guidance for the proposer's next {k} experiments, at most 8 short lines of plain text: which directions look
+promising and why, which look exhausted, what was never tried and deserves a try (including reversing a direction
+that failed). Answer with the guidance only."""
+
+# The outer loop's four rounds (Bilevel Autoresearch, Qu & Lu 2026: explore, critique, specify, generate), one
+# conversation; the last answer holds the module.
+MECHANISM_ROUNDS = (
+    ("explore", """\
+You oversee an automated search that edits train.py one experiment at a time. Its trace so far:
+
+{trace}
+
+Round 1 of 4 (explore): where does this search repeat itself, get stuck, or leave whole directions untried? Name the
+patterns with experiment numbers."""),
+    ("critique", """\
+Round 2 of 4 (critique): a search mechanism is a small Python module the harness consults: it can review every
+proposal before it runs (refuse it, with a reason the proposer reads) and write guidance into the proposer's prompt.
+Which of the patterns could one break, and what could go wrong (refusing good ideas, steering into a dead end)?"""),
+    ("specify", """\
+Round 3 of 4 (specify): specify one mechanism against this interface, exactly: what review() refuses and when, what
+guidance() says. Keep it simple and deterministic.
+
+{interface}"""),
+    ("generate", """\
+Round 4 of 4 (generate): write the module. Answer with one ```python block holding the whole module (the standard
+library only) and nothing else."""),
+)
 
 REPAIR_PROMPT = """\
 Your answer was rejected: {error}

@@ -82,6 +82,8 @@ class Session:
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
     prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
     touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)
+    changes: dict = dataclasses.field(default_factory=dict)  # experiment n -> memory.Change (the tabu, the bandit)
+    outer: object = None                # harness.outer.State: the outer loop's freezes, guidance and mechanisms
     # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
     # records. The lock serialises git, the ledger and the guard's snapshots; `live` are the snapshots of the runs
     # in flight, told of every change the harness itself makes meanwhile (expect_ref, Snapshot.appended).

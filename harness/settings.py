@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from harness import curves
+from harness import curves, memory
 from harness.edits import clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
@@ -65,6 +65,10 @@ class Settings:
     baseline: bool = False              # try --baseline
     sync: bool = False                  # try --sync
     fix: bool = False                   # try --fix
+    force: bool = False                 # try --force: run an idea the tabu refuses
+    tabu: int | None = None             # --tabu: the tenure (None: the tag's, or memory.TENURE; 0: off)
+    explore: str = "on"                 # --explore on | off: the bandit names the family of the next proposal
+    outer_every: int | None = None      # --outer-every K: an outer step every K experiments (None: off)
 
 
 def parse(argv):
@@ -116,6 +120,17 @@ def parse_args(argv):
                    "(default: while a candidate trains, the next idea is already asked for)")
     p.add_argument("--no-holdout", action="store_true", help="at the stop, skip re-scoring the baseline and the "
                    "best on the hidden holdout split (a few minutes on a CPU; `report.py --holdout` does it later)")
+    p.add_argument("--tabu", type=number(0, int), metavar="T", help="refuse a proposal that repeats the change of one "
+                   f"of the last T discarded or crashed experiments (a constant moved the same way, the same functions "
+                   f"edited; the opposite direction is allowed), before any run (default {memory.TENURE}, kept for "
+                   "the tag; 0: off). docs/memory.md")
+    p.add_argument("--explore", choices=("on", "off"), help="on (default): the LLM's prompt names the "
+                   "least explored families (each constant, code: attention, code: optimizer, ...) and the one a UCB1 "
+                   "bandit picks for the next proposal; off: not named")
+    p.add_argument("--outer-every", type=number(0, int, above=True), metavar="K", help="the outer loop: every K "
+                   "experiments freeze families tried 3 times without a keep and ask the LLM for guidance; every "
+                   "second time also for a search mechanism (a Python module run in the sandbox that reviews "
+                   "proposals), validated on the trace before it is activated. Off by default; an LLM proposer only")
     p.add_argument("--seed", type=int, default=0, help="seed of the samplers and --proposer random (default 0)")
     p.add_argument("--retry-base-delay", type=number(0, above=True), default=2.0, help="first backoff in seconds "
                    f"after a transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried "
@@ -136,6 +151,14 @@ def parse_args(argv):
     if args.proposer != "hybrid" and any(v is not None for v in hybrid.values()):
         p.error(f"{', '.join(k for k, v in hybrid.items() if v is not None)}: only --proposer hybrid has them")
     args.sampler, args.llm_share, args.stall = args.sampler or "tpe", args.llm_share or 0.3, args.stall or 8
+    memory_flags = {"--tabu": args.tabu, "--explore": args.explore}
+    if args.proposer not in ("anthropic", "openai") and any(v is not None for v in memory_flags.values()):
+        p.error(f"{', '.join(k for k, v in memory_flags.items() if v is not None)}: the memory is the LLM proposers' "
+                f"(--proposer anthropic or openai); --proposer {args.proposer} has its own (docs/memory.md)")
+    args.explore = args.explore or "on"
+    if args.outer_every is not None and args.proposer not in ("anthropic", "openai"):
+        p.error(f"--outer-every: the outer loop asks an LLM, and --proposer is {args.proposer}: use --proposer "
+                "anthropic or openai (a key in the environment, or --base-url)")
     if args.devices is not None and args.ray is not None:
         p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
     try:
@@ -170,6 +193,8 @@ def parse_try_args(argv):
     p.add_argument("--fix", action="store_true", help="with -m: your train.py fixes the last experiment, which "
                    "crashed: it is committed as an amend of the crashed commit (same parent) and measured as a new "
                    f"experiment with its own row (at most {MAX_FIXES} fixes per idea)")
+    p.add_argument("--force", action="store_true", help="with -m: run your train.py even when the tabu refuses it "
+                   "(it repeats a recent discard's or crash's change, or a measured diff); the refusal is logged")
     add_common_flags(p)
     args = p.parse_args(argv)
     check_common(p, args)

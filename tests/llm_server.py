@@ -8,7 +8,9 @@ SDKs, pointed at it through base_url, to parse its answers.
         llm.requests                                         # every request body, in order
 
 Each request takes the next script item: a string is answered as the assistant's text; an int is answered as
-that HTTP error status in the provider's error format. When the script runs out, the server answers 400.
+that HTTP error status in the provider's error format; a callable is called with the request's messages (a list of
+{"role", "content"}, the system prompt aside) and its result answered as above (a scripted LLM that reads its
+prompt). When the script runs out, the server answers 400.
 """
 
 import json
@@ -82,6 +84,8 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 anthropic = self.path.startswith("/v1/messages")
                 item = llm._next(self.path, body, dict(self.headers))
+                if callable(item):
+                    item = item([m for m in body["messages"] if m["role"] != "system"])
                 time.sleep(llm.delay)
                 if item is None:
                     self._send(400, error_body(anthropic, 400, "script exhausted"))

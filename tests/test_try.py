@@ -148,8 +148,13 @@ def test_try_and_the_loop_share_one_tag(target, capsys, tmp_path):
     saved = capsys.readouterr().out.split("saved to ")[1].split()[0]
     assert "LR = 0.051" in Path(saved).read_text()  # the stale edit is kept, not lost
     assert (target / "train.py").read_text() == git.Repo(target).git.show(f"{history[3]['full_commit']}:train.py") + "\n"
-    set_lr(target, 0.0501)
-    assert try_(target, "-m", "LR 0.0501") == 0
+    set_lr(target, 0.0501)                          # LR up again after #2 (LR up) was discarded: the tabu refuses it
+    assert try_(target, "-m", "LR 0.0501") == 2
+    assert "refused: it repeats the change of experiment #2 (discard: LR 0.07): LR up." in capsys.readouterr().err
+    assert [(e["n"], e["rule"], e["repeats"], e["by"]) for e in events(target, "refused")] == [(5, "tabu", 2, "try")]
+    assert len(rows(target)) == 5
+    assert try_(target, "-m", "LR 0.0501", "--force") == 0           # --force: a human may insist
+    assert [e["n"] for e in events(target, "forced")] == [5]
     last = events(target, "experiment")[-1]
     assert (last["n"], last["status"], last["metric"]) == (5, "discard", 1.003)   # 1 + 0.001 + 0.002
     assert git.Repo(target).commit(last["full_commit"]).parents[0].hexsha == history[3]["full_commit"]
@@ -382,7 +387,7 @@ def test_one_rule_per_tag_fixed_when_the_baseline_is_recorded(target, capsys):
     assert "There is no confirmation run: the first run decides" in value(out, "rule")
     with ScriptedLLM([edit("raise LR", "LR = 0.04", "LR = 0.05")]) as llm:
         argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
-                "--base-url", llm.anthropic_url, "--max-experiments", "2"]
+                "--base-url", llm.anthropic_url, "--max-experiments", "2", "--tabu", "0"]   # LR up again: not tabu
         assert agent.main(argv + ["--confirm", "2"]) == 2 and len(llm.requests) == 0
         assert agent.main(argv) == 0
     assert rows(target)[-1].endswith("keep\traise LR")                      # one run: the tag's --confirm 0
