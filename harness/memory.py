@@ -18,6 +18,9 @@ import re
 
 from harness import gitops
 from harness.ledger import has_metric
+from harness.runner import Kind
+
+KINDS = {kind.value: kind for kind in Kind}
 
 TENURE = 10                     # --tabu default: a discard's or crash's change is refused for the next 10 such
 NEAR_DUPLICATE = 0.95           # difflib ratio of two normalised diffs at or above which one repeats the other
@@ -217,8 +220,11 @@ def scale(s):
 
 
 def tabu_list(s, tenure):
-    """The last `tenure` (--tabu) discarded or crashed experiments, newest first, with their Changes."""
-    bad = [e for e in reversed(s.history) if e["n"] > 0 and e["status"] in ("discard", "crash")]
+    """The last `tenure` (--tabu) discarded or crashed experiments, newest first, with their Changes. A run the
+    environment may be to blame for (runner.Kind.measured false: over the wall-time allowance, a lost Ray worker)
+    judged nothing: not counted."""
+    bad = [e for e in reversed(s.history) if e["n"] > 0 and e["status"] in ("discard", "crash")
+           and KINDS.get(e.get("kind"), Kind.OK).measured]      # the machine's doing (overtime, a lost node): not
     return [(e, change_at(s, e)) for e in bad[:tenure]] if tenure else []
 
 
