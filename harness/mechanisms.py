@@ -28,7 +28,8 @@ GUIDANCE_CHARS = 1500           # the longest guidance shown to the proposer
 MAX_IN_A_ROW = 3                # a mechanism that refuses more proposals than this in a row is deactivated
 REASON_CHARS = 300              # the longest refusal reason
 MEMORY_BYTES = 2 * 2**30        # address space of a mechanism's process
-OUTPUT_BYTES = 4 * 2**20        # what a mechanism's process may write to its output files
+OUTPUT_BYTES = 4 * 2**20        # what a mechanism's process may write to its output files (and each private tmpfs)
+START_S = 5.0                   # what starting the sandbox and Python may take, besides the calls' CALL_S each
 
 INTERFACE = f"""\
 A search mechanism is one Python module (the standard library only; no other package is guaranteed) defining one or
@@ -159,22 +160,30 @@ def run(s, source, calls):
         request = {"limit": CALL_S, "calls": [{"id": i, "fn": fn, "args": args} for i, (fn, args) in enumerate(calls)]}
         argv = sandbox.wrap([interpreter(), "-I", "-c", HOST, str(folder / "mechanism.py"), str(MEMORY_BYTES),
                              str(OUTPUT_BYTES)],
-                            run_dir=None, expose=[folder], chdir=folder)
-        lines = _spawn(argv, json.dumps(request), folder, CALL_S * (len(calls) + 1) + 20)
+                            run_dir=None, expose=[folder], chdir=folder, scratch_bytes=OUTPUT_BYTES,
+                            no_fork=True)
+        lines = _spawn(argv, json.dumps(request), folder, CALL_S * len(calls) + START_S)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    results = []
+    answers = []
     for line in lines:
         try:
-            answer = json.loads(line)
-        except ValueError:
+            answers.append(json.loads(line))
+        except (ValueError, RecursionError):     # not JSON, or nested too deep to read
             raise Failed(f"it printed something that is not the protocol's JSON: {line[:120]!r}") from None
-        if not isinstance(answer, dict):
+        if not isinstance(answers[-1], dict):
             raise Failed(f"it printed something that is not the protocol's JSON: {line[:120]!r}")
-        if "error" in answer:
-            raise Failed(str(answer["error"])[:300])
-        if answer.get("id") != len(results):
+    errors = [a["error"] for a in answers if "error" in a]
+    if errors:                                  # the host stops at the first failure: this is it
+        raise Failed(str(errors[0])[:300])
+    if len(answers) > len(calls):
+        raise Failed(f"it answered {len(answers)} times to {len(calls)} calls")
+    results = []
+    for line, answer in zip(lines, answers):
+        if type(answer.get("id")) is not int or answer["id"] != len(results):
             raise Failed(f"it answered out of turn: {line[:120]!r}")
+        if not isinstance(answer.get("seconds"), (int, float)) or not 0 <= answer["seconds"] <= CALL_S:
+            raise Failed(f"it answered without the time a call took, or over {CALL_S:g} s: {line[:120]!r}")
         results.append(answer.get("result"))
     if len(results) < len(calls):
         raise Failed("its process ended before answering every call (killed by a limit, or it exited)")
@@ -217,7 +226,7 @@ def check_review(answer, key):
     reason = answer.get("reason", "")
     if not isinstance(reason, str):
         raise Failed(f"review()'s reason must be a string, not {str(reason)[:60]!r}")
-    return answer["accept"], " ".join(reason.split())[:REASON_CHARS]
+    return answer["accept"], " ".join(text(reason, "review()'s reason").split())[:REASON_CHARS]
 
 
 def check_guidance(answer):
@@ -225,7 +234,17 @@ def check_guidance(answer):
     if not isinstance(answer, str) or len(answer) > GUIDANCE_CHARS:
         raise Failed(f"guidance() must return a string of at most {GUIDANCE_CHARS} characters, not "
                      f"{type(answer).__name__} of {len(str(answer))} characters")
-    return answer.strip()
+    return text(answer, "guidance()").strip()
+
+
+def text(words, what):
+    """words if they are text the prompt can carry: valid Unicode (no lone surrogate: an SDK could not send it) with
+    no control character but newlines and tabs; Failed otherwise."""
+    bad = next((c for c in words if 0xD800 <= ord(c) <= 0xDFFF or (ord(c) < 32 and c not in "\n\t")
+                or 0x7F <= ord(c) < 0xA0), None)
+    if bad is not None:
+        raise Failed(f"{what} holds {bad!r}, not text the prompt can carry")
+    return words
 
 
 def functions(source):

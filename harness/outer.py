@@ -141,7 +141,7 @@ def reviewed(s, n, description, change, before, after):
 
 def deactivate(s, m, reason):
     """Take mechanism m out of the search, with an event and a line: the search goes on without it."""
-    st = state(s)
+    st, reason = state(s), " ".join(str(reason).split())[:300]     # its words: one line
     st.active = [x for x in st.active if x.id != m.id]
     s.log("mechanism", id=m.id, action="deactivated", reason=reason, ref=m.ref, after=len(s.history) - 1)
     console.say(f"      search mechanism {m.id} deactivated: {reason}; the search goes on without it")
@@ -270,6 +270,7 @@ def design(s, backlog, n, i, trace):
 
 def reject(s, mid, ref, reason):
     """A designed mechanism not activated: the event and the line."""
+    reason = " ".join(str(reason).split())[:300]
     s.log("mechanism", id=mid, action="rejected", reason=reason, ref=ref)
     console.say(f"      search mechanism {mid} rejected: {reason}")
 

@@ -178,14 +178,17 @@ def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
                 gpu=gpu)
 
 
-def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None):
+def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes=None, no_fork=False,
+         _confine=None):
     """The bwrap argv that runs argv (a list, never a shell string) confined (see the module docstring).
 
     run_dir: bound read-write (None: nothing is writable but the private /tmp); expose: paths readable (besides
     the system and the environment); hide: directories (emptied) and files (unreadable) inside readable ones, and
     the credential stores; chdir: the cwd inside (default run_dir). Paths are resolved; missing ones are skipped; a
     path reached through a symbolic link is readable under that name too. gpu: the run's CUDA_VISIBLE_DEVICES value
-    ("" none, "2" or "GPU-<uuid>": that GPU's device node alone; several: each). Raises TypeError for a string argv.
+    ("" none, "2" or "GPU-<uuid>": that GPU's device node alone; several: each). scratch_bytes: the size of each
+    private tmpfs (/tmp, /var/tmp, /dev/shm; None: the kernel's default, half the memory); no_fork: the seccomp
+    filter also refuses fork, vfork and clone (one process, one thread). Raises TypeError for a string argv.
     """
     if isinstance(argv, (str, bytes)):
         raise TypeError("wrap takes argv as a list, never a shell string")
@@ -203,6 +206,10 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None
             if kind == "ro" and named != path and not _in_system(named):
                 links[named] = path
     args = ["bwrap", *_namespaces(confine), *_system()]
+    if scratch_bytes is not None:       # each private tmpfs sized (bwrap's --size applies to the next --tmpfs)
+        for at in reversed([i for i, x in enumerate(args) if x == "--tmpfs" and args[i + 1] in ("/tmp", "/var/tmp")]):
+            args[at:at] = ["--size", str(scratch_bytes)]
+        args += ["--size", str(scratch_bytes), "--tmpfs", "/dev/shm"]
     hidden_dirs = []
     # Outer paths first, so the more specific path always ends on top: a run dir or a venv inside a hidden repo,
     # a hidden validation file inside a visible data cache.
@@ -231,7 +238,7 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", _confine=None
     for path in hidden_dirs:
         args += ["--remount-ro", str(path)]
     args += ["--remount-ro", "/", "--chdir", str(chdir or run_dir or "/"), "--", *map(str, argv)]
-    program = seccomp_filter() if confine.get("seccomp", True) else None
+    program = seccomp_filter(no_fork) if confine.get("seccomp", True) else None
     if program is None:
         return args
     at = args.index("--")
@@ -325,11 +332,12 @@ def _gpu_binds(gpu):
 
 
 @functools.cache
-def seccomp_filter():
+def seccomp_filter(no_fork=False):
     """The compiled seccomp filter (BPF bytes for this machine's architecture: libseccomp resolves the names; a few
     hundred bytes) refusing SECCOMP_REFUSED with EPERM, clone() asking for a new namespace, and clone3 with ENOSYS
-    (its flags lie in memory a filter cannot read; the C library then falls back to clone). None where libseccomp or
-    pyseccomp is missing. Made once a process; wrap hands it to bwrap through a pipe."""
+    (its flags lie in memory a filter cannot read; the C library then falls back to clone); with no_fork, fork, vfork
+    and clone as well. None where libseccomp or pyseccomp is missing. Made once a process per kind; wrap hands it to
+    bwrap through a pipe."""
     try:
         import errno
         import pyseccomp as sc
@@ -342,6 +350,11 @@ def seccomp_filter():
         for flag in CLONE_NEW:
             rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        for name in ("fork", "vfork", "clone") if no_fork else ():
+            try:
+                rules.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (ValueError, RuntimeError, OSError):
+                pass
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
             out.seek(0)

@@ -232,6 +232,15 @@ BAD = {
                "    return ''\n", "guidance() raised"),
     "reads a key": ("import os\ndef guidance(history):\n    return os.environ['ANTHROPIC_API_KEY']\n",
                     "guidance() raised KeyError: 'ANTHROPIC_API_KEY'"),
+    "forks": ("import os\ndef review(proposal, history):\n    os.fork()\n", "review() raised PermissionError"),
+    "no alarm": ("import signal, time\ndef review(proposal, history):\n    signal.setitimer(signal.ITIMER_REAL, 0)\n"
+                 "    time.sleep(30)\n", "it overran 9 s in all (killed)"),
+    "deep json": ("import os\ndef guidance(history):\n    os.write(3, b'[' * 100000 + b']' * 100000 + b'\\n')\n"
+                  "    os._exit(0)\n", "it printed something that is not the protocol's JSON: '[[["),
+    "two answers": ("import os\ndef guidance(history):\n    os.write(3, b'{\"id\": 0, \"result\": 1}\\n')\n"
+                    "    return 'x'\n", "it answered 2 times to 1 calls"),
+    "lone surrogate": ("def guidance(history):\n    return 'try deeper \\ud800'\n",
+                       "guidance() holds '\\ud800', not text the prompt can carry"),
     "no functions": ("x = 1\n", "it defines neither review(proposal, history) nor guidance(history) at top level"),
     "no code": (None, "the answer holds no ```python block"),
 }
