@@ -11,6 +11,7 @@ touch git, results.tsv or events.jsonl, read the data or an API key, or reach th
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -249,7 +250,6 @@ def text(words, what):
 
 def functions(source):
     """Which of review and guidance the module defines at top level (by its text: it is never imported here)."""
-    import re
     return [fn for fn in ("review", "guidance") if re.search(rf"(?m)^def {fn}\s*\(", source)]
 
 
