@@ -277,7 +277,7 @@ def memory_of(events, tag=None, goal="min"):
             continue
         shaped = [e for e in exps if mid in (e.get("shaped_by") or [])]
         gains = [(e["base_metric"] - e["metric"]) * (1 if goal == "min" else -1) for e in shaped
-                 if e["status"] != "crash" and e.get("base_metric") is not None]
+                 if e["status"] != "crash" and not e.get("cancelled") and e.get("base_metric") is not None]
         end = acts.get("deactivated") or acts.get("retired")
         lines.append(
             f"mechanism {mid:<4} activated after #{acts['activated'].get('after', '?')}"

@@ -165,12 +165,12 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None,
               input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
               cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3), wave=backlog.wave)
         ideas, errors = [], []
-        for answer in split_ideas(reply.text)[:k] if read is None else [reply.text]:
+        for at, answer in enumerate(split_ideas(reply.text)[:k] if read is None else [reply.text]):
             try:
                 for description, source, text, by, why in read(answer) if read else \
                         [(*apply_answer(answer, train_src, FROZEN), answer, "", "")]:
                     check_new(s, source, [*in_flight(backlog, running), *ideas])
-                    extra = gate(description, source, len(ideas)) if gate else {}
+                    extra = gate(description, source, at) if gate else {}   # its place in the answer
                     ideas.append(Idea(description, source, text, s.best_commit, repair, Spend(), backlog.wave,
                                       by=by, why=why, **extra))
             except EditError as e:

@@ -242,6 +242,8 @@ def refused(s, change, tenure=TENURE, frozen=()):
                            "crashes; try another change (the opposite direction is allowed)", e["n"], "tabu")
     if any(m.startswith("code: ") for m in change.moves):     # constants alone: the tabu's to judge
         for e in reversed(s.history[1:]):
+            if not KINDS.get(e.get("kind"), Kind.OK).measured:     # judged nothing: may be tried again
+                continue
             earlier = change_at(s, e)
             if earlier.code and (ratio := difflib.SequenceMatcher(None, change.code, earlier.code,
                                                                   autojunk=False).ratio()) >= NEAR_DUPLICATE:

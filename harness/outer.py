@@ -47,6 +47,7 @@ class State:
     designed: int = 0
     tenure: int = memory.TENURE
     refused: dict = dataclasses.field(default_factory=dict)    # experiment n -> families refused for it (this run)
+    idle_said: bool = False             # the line saying the mechanisms are skipped (no sandbox) was printed
 
 
 def state(s):
@@ -120,7 +121,7 @@ def reviewed(s, n, description, change, before, after):
     """The first refusal of the active mechanisms that review (a memory.Refusal), or None."""
     diff = "\n".join(difflib.unified_diff(before.splitlines(), after.splitlines(), "train.py", "train.py",
                                           lineterm="", n=1))
-    for m in [m for m in state(s).active if "review" in m.functions]:
+    for m in [m for m in state(s).active if "review" in m.functions and not idle(s)]:
         key = f"p{n}"
         try:
             ok, reason = mechanisms.check_review(mechanisms.run(s, m.source, [("review", [
@@ -137,6 +138,17 @@ def reviewed(s, n, description, change, before, after):
                                   f"mechanism {m.id}")
         m.refusals_in_a_row = 0
     return None
+
+
+def idle(s):
+    """True when the active mechanisms cannot run now (--sandbox off, or no working sandbox on this machine): they
+    are skipped, not deactivated (a resume where the sandbox works uses them again); said once per invocation."""
+    st, why = state(s), mechanisms.unavailable(s)
+    if why is not None and st.active and not st.idle_said:
+        st.idle_said = True
+        s.log("warning", reason=f"the active search mechanisms are skipped: {why}")
+        console.say(f"warning: the active search mechanisms are skipped: {why}")
+    return why is not None
 
 
 def deactivate(s, m, reason):
@@ -161,7 +173,7 @@ def section(s, source, k):
     if st.guidance:
         parts.append(f"Guidance (the outer loop, step {st.guidance_step}):\n{st.guidance}")
         shaped.append(f"outer {st.guidance_step}")
-    for m in [m for m in st.active if "guidance" in m.functions]:
+    for m in [m for m in st.active if "guidance" in m.functions and not idle(s)]:
         try:
             words = mechanisms.check_guidance(mechanisms.run(s, m.source, [("guidance", [
                 mechanisms.history_json(s)])])[0])
