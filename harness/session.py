@@ -13,7 +13,6 @@ of the tag's base commit (frozen/); the branch moves only by update-ref, to a me
 """
 
 import dataclasses
-import difflib
 import functools
 import json
 import re
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import git
 
-from harness import checks, console, curves, gitops, ledger, prompts, runner, sandbox
+from harness import checks, console, curves, gitops, ledger, memory, prompts, runner, sandbox
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -37,7 +36,6 @@ from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, r
 
 RUN_LOG = "run.log"
 KINDS = {kind.value: kind for kind in runner.Kind}
-CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=")     # an UPPER_CASE constant's assignment line in train.py
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
 
 
@@ -81,7 +79,6 @@ class Session:
     search: object = None               # harness.search.Search: the tag's study, once a search opened it
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
     prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
-    touched: dict = dataclasses.field(default_factory=dict)  # experiment n -> what its edit changed (touched_by)
     changes: dict = dataclasses.field(default_factory=dict)  # experiment n -> memory.Change (the tabu, the bandit)
     outer: object = None                # harness.outer.State: the outer loop's freezes, guidance and mechanisms
     # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
@@ -227,19 +224,12 @@ def measured_as(s, source):
     return overtime[-1] if len(overtime) >= OVERTIME_TRIES else None
 
 
-@locked
 def touched_by(s):
-    """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants on the lines it changed (e.g.
-    "DEPTH, MATRIX_LR"), or "code" when it changed none; cached, for the prompt's grouped older history."""
-    for e in s.history[1:-prompts.HISTORY_ROWS]:         # the prompt shows newer rows in full: no summary needed
-        if e["n"] not in s.touched and e.get("base") and e.get("full_commit"):
-            before = gitops.file_at(s.repo, e["base"], s.train_rel).splitlines()
-            after = gitops.file_at(s.repo, e["full_commit"], s.train_rel).splitlines()
-            changed = [line[1:] for line in difflib.unified_diff(before, after, lineterm="", n=0)
-                       if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-            names = sorted({m.group(1) for line in changed if (m := CONSTANT.match(line))})
-            s.touched[e["n"]] = ", ".join(names) or "code"
-    return s.touched
+    """{n: what experiment n's edit of train.py changed}: the UPPER_CASE constants it changed (e.g. "DEPTH,
+    MATRIX_LR"), or "code" when it changed none (memory.change_at, cached there), for the prompt's grouped older
+    history."""
+    return {e["n"]: ", ".join(sorted(f for f in memory.change_at(s, e).families if not f.startswith("code: ")))
+            or "code" for e in s.history[1:-prompts.HISTORY_ROWS]}   # the newer rows are shown in full
 
 
 def describe(e, metric):
