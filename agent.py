@@ -221,7 +221,7 @@ def research_main(s, proposer, constants, devices):
     finally:                            # also on Stop and Ctrl-C: the runs in flight are killed, the threads joined
         s.pool.close()
         search.close(s)                 # the points speculated and never run are closed in the study
-    s.log("stop", reason=reason, **s.pool.throughput(len(s.history)).fields())
+    experiment.stopped(s, reason=reason, **s.pool.throughput(len(s.history)).fields())
     console.say(s.pool.throughput(len(s.history)).line())
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
@@ -287,7 +287,7 @@ def log_stop(s, event, reason):
     """Log why the loop ended. Nothing to undo: the branch only moves to a kept commit (runs are killed on errors)."""
     if s is not None and s.best_commit:
         try:
-            s.log("stop", reason=reason, status=event)
+            experiment.stopped(s, reason=reason, status=event)
         except (Stop, OSError):         # the ledger itself is what failed: the stop's message says so
             pass
 

@@ -30,6 +30,7 @@ from matplotlib.ticker import MaxNLocator
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag, tag_state)
+from harness import curves, dashboard
 from harness.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
 from harness.gitops import harness_dir
@@ -320,11 +321,17 @@ def _y_limits(rows, goal):
     return lo - pad, hi + pad
 
 
-def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=None):
-    """Draw the run and save it as a PNG at `png`; returns the Path.
+LABELS = 40                     # kept rows labelled with their description in progress.png: the latest ones
 
-    x: experiment number (0 = baseline). Running best as a step line, with the noise band (+-1 noise_sd, the
-    spread of the baseline's runs) around it when known, kept rows as green dots labelled with their description,
+
+def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
+    """Draw the run and save it as a PNG at `png` (a path, or a binary file object); returns what it was given
+    (a path as a Path).
+
+    x: experiment number (0 = the baseline, drawn as a black diamond: a measurement, not a keep). The running best
+    as a step line, with the band the verdict uses on its better side when the rule is known (rule: a
+    harness.verdict.Rule, its band() says what the band is, in the legend): a discard inside it was better than the
+    best by less than a keep needs. Kept rows as green dots (the LABELS latest labelled with their description),
     discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is not a metric), discards
     beyond the axis as grey triangles on that edge.
     """
@@ -332,7 +339,8 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=No
     ax = fig.subplots()
     s = summarize(rows, metric_name, goal)
     c = s.counts
-    headline = f"{title}: {len(rows)} experiments, {c['keep']} kept, {c['discard']} discarded, {c['crash']} crashed"
+    headline = (f"{title}: baseline + {max(len(rows) - 1, 0)} experiments, {s.kept_experiments} kept, "
+                f"{c['discard']} discarded, {c['crash']} crashed")
     if s.best is not None and s.improvement_pct is not None:
         headline += f"\nbest {s.best:.6f} ({s.improvement_pct:+.2f}% vs baseline {s.baseline:.6f})"
     ax.set_title(headline)
@@ -343,13 +351,16 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=No
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     edge = 0.97 if goal == "min" else 0.03   # the bad side of the y axis, in axes coordinates
     on_edge = ax.get_xaxis_transform()       # x in data, y in axes coordinates
+    band, band_words = rule.band() if rule is not None else (0.0, "")
 
     if any(has_metric(r) for r in rows):
         lo, hi = _y_limits(rows, goal)
-        lo, hi = lo - (noise_sd or 0.0), hi + (noise_sd or 0.0)      # room for the noise band
+        lo, hi = (lo - band, hi) if goal == "min" else (lo, hi + band)      # room for the band
         ax.set_ylim(lo, hi)
-        inside = [(i, r.metric) for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and lo <= r.metric <= hi]
-        outside = [i for i, r in enumerate(rows) if r.status == "discard" and has_metric(r) and not lo <= r.metric <= hi]
+        inside = [(i, r.metric) for i, r in enumerate(rows)
+                  if i and r.status == "discard" and has_metric(r) and lo <= r.metric <= hi]
+        outside = [i for i, r in enumerate(rows)
+                   if i and r.status == "discard" and has_metric(r) and not lo <= r.metric <= hi]
         if inside:
             ax.scatter(*zip(*inside), s=16, color="0.55", alpha=0.4, label="discard", zorder=2)
         if outside:
@@ -359,17 +370,23 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=No
         steps = [(i, b) for i, b in enumerate(best) if b is not None]
         if steps:
             ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
-        if steps and noise_sd:
+        if steps and band:
             xs, ys = [*(x for x, _ in steps), steps[-1][0] + 0.5], [*(y for _, y in steps), steps[-1][1]]
-            ax.fill_between(xs, [y - noise_sd for y in ys], [y + noise_sd for y in ys], step="post",
-                            color="tab:green", alpha=0.15, label=f"noise band (+-{noise_sd:.4f}, 1 sd)", zorder=1)
-        kept = [(i, r) for i, r in enumerate(rows) if r.status == "keep" and has_metric(r)]
+            sign = -1 if goal == "min" else 1
+            ax.fill_between(xs, ys, [y + sign * band for y in ys], step="post", color="tab:green", alpha=0.15,
+                            label=band_words, zorder=1)
+        if rows and has_metric(rows[0]):
+            ax.scatter([0], [rows[0].metric], s=60, marker="D", color="black", label="baseline", zorder=4)
+        kept = [(i, r) for i, r in enumerate(rows) if i and r.status == "keep" and has_metric(r)]
         if kept:
             ax.scatter([i for i, _ in kept], [r.metric for _, r in kept], s=46, color="tab:green", edgecolor="black",
                        linewidth=0.6, label="keep", zorder=4)
-        for i, r in kept:
-            ax.annotate(r.description[:32], (i, r.metric), xytext=(4, 5), textcoords="offset points",
-                        fontsize=7, rotation=20, color="darkgreen")
+        right = max(len(rows) - 1, 1)
+        for i, r in kept[-LABELS:]:   # labels lean inward near the right edge, so that none is cut off
+            lean = i > 0.75 * right
+            ax.annotate(r.description[:32], (i, r.metric), xytext=(-4 if lean else 4, 5), textcoords="offset points",
+                        fontsize=7, rotation=20, color="darkgreen", ha="right" if lean else "left",
+                        annotation_clip=True)
     else:
         ax.set_yticks([])
         ax.text(0.5, 0.5, "no experiments yet" if not rows else "no metric yet: every run crashed",
@@ -380,10 +397,37 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", noise_sd=No
                    label="crash (no metric)", zorder=5, clip_on=False)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left" if goal == "max" else "lower left", fontsize=8)  # the corner the curve leaves empty
-    fig.tight_layout()
-    png = Path(png)
-    fig.savefig(png)
-    return png
+    fig.savefig(png if hasattr(png, "write") else Path(png), bbox_inches="tight", pad_inches=0.15)
+    return png if hasattr(png, "write") else Path(png)
+
+def plot_curves(run, png, commits=None):
+    """Draw the learning curves (train loss as train.py printed it against the share of the time budget) of the
+    kept experiments (commits: these instead), one colour per experiment and one line per run, and save them as a
+    PNG at png (a path or a binary file object). Returns png (a path as a Path), or None when none of them has a
+    curve (a run from before curves were kept, a train.py that prints no progress line, no events)."""
+    commits = commits or [k["commit"] for k in kept_table(run.rows, run.goal)]
+    found = curves_of(run, set(commits))
+    if not found:
+        return None
+    fig = Figure(figsize=(10, 5), dpi=110)
+    ax = fig.subplots()
+    words = {r.commit: r.description for r in run.rows}
+    for k, commit in enumerate(c for c in commits if c in found):
+        for j, curve in enumerate(found[commit]):
+            ax.plot([q.progress for q in curve.points], [q.loss for q in curve.points], color=f"C{k % 10}",
+                    linewidth=1.2, alpha=0.8, label=f"{commit} {words.get(commit, '')[:40]}" if j == 0 else None)
+    losses = sorted(q.loss for runs in found.values() for c in runs for q in c.points if q.progress >= 0.1)
+    if losses:                          # the first steps' loss would flatten everything after them
+        lo, hi = losses[0], losses[-1]
+        ax.set_ylim(lo - 0.05 * (hi - lo or 1), hi + 0.05 * (hi - lo or 1))
+    ax.set_xlabel("progress of the time budget")
+    ax.set_ylabel("train loss (smoothed, as train.py prints it)")
+    ax.set_title(f"{run.title}: learning curves of {len(found)} experiment{'s' if len(found) > 1 else ''}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.savefig(png if hasattr(png, "write") else Path(png), bbox_inches="tight", pad_inches=0.15)
+    return png if hasattr(png, "write") else Path(png)
+
 
 # ---------------------------------------------------------------------------
 # Entry points: analysis.ipynb calls load_run, the command line calls main
@@ -447,6 +491,30 @@ def noise_of(run):
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
+def curve_logs(run, commits=None):
+    """{commit (7 hex): [the log of each of its runs]} from the run's "run_end" events (commits: only these; None:
+    all); each run's learning curve is kept beside its log (harness.curves.path_of). {} without events."""
+    found = {}
+    for e in run.events or []:
+        if e.get("event") != "run_end" or not e.get("log") or (run.tag is not None and e.get("tag") != run.tag):
+            continue
+        if commits is None or e.get("commit") in commits:
+            found.setdefault(e["commit"], []).append(e["log"])
+    return found
+
+
+def curves_of(run, commits=None):
+    """{commit (7 hex): [harness.curves.Curve of each of its runs]}: the curve kept beside each run's log (progress
+    0..1 of the budget, the smoothed train loss, tokens/s, as train.py printed them). commits: only these (None:
+    all). A run without a kept curve (no progress line printed, a log deleted) is left out; {} without events."""
+    found = {}
+    for commit, logs in curve_logs(run, commits).items():
+        for log in logs:
+            if (curve := curves.load(log)) is not None and curve.points:
+                found.setdefault(commit, []).append(curve)
+    return found
+
+
 def rule_of(run):
     """The verdict rule the run's tag was judged by (harness.verdict.Rule): paired or margin, its flags fixed with its
     baseline (ledger.tag_state), its noise and floor; None without events or from before they were logged."""
@@ -503,6 +571,9 @@ def main(argv=None):
     parser.add_argument("--holdout", action="store_true", help="also re-score the baseline and the best on the hidden "
                         "holdout split (their saved model artifacts, the tag's pristine prepare.py): the gain on data "
                         "the search never saw, beside the one it reported")
+    parser.add_argument("--html", nargs="?", const="", metavar="PATH", help="also write the dashboard: one "
+                        "self-contained page (table, diffs, learning curves; opens from disk, offline), default "
+                        f"{dashboard.PAGE} next to results.tsv. The loop rewrites that one after every verdict")
     parser.add_argument("--goal", choices=("min", "max"), help="is a lower or higher metric better (default: "
                         "METRIC_GOAL in prepare.py next to results.tsv, else guessed from the metric name)")
     args = parser.parse_args(argv)
@@ -542,6 +613,9 @@ def main(argv=None):
         margin = "" if rule.is_paired else f" Margin {rule.margin:.6f} ({rule.source})."
         print(f"verdict      {rule.words(run.metric_name)}{margin}")
     if run.events is not None:
+        drawn = curves_of(run)
+        print(f"curves       learning curves of {sum(r.commit in drawn for r in rows)} of {len(rows)} experiments "
+              f"(beside each run's log; report.py --html draws them)")
         print()
         print(format_events(event_stats(run.events, run.tag)))
         for line in throughput_of(run):
@@ -554,8 +628,10 @@ def main(argv=None):
             print(f"error: --holdout: {e}", file=sys.stderr)
             return 2
     png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title,
-                        noise_sd=noise_sd)
+                        rule=rule)
     print(f"\nwrote {png}")
+    if args.html is not None:
+        print(f"wrote {dashboard.write(run, args.html or run.path.parent / dashboard.PAGE, sys.modules[__name__])}")
     return 0
 
 

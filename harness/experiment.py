@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import conditions, console, curves, gitops, holdout, ledger, search, verdict
+from harness import conditions, console, curves, dashboard, gitops, holdout, ledger, search, verdict
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -316,6 +316,7 @@ def record(s, result):
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
+    dashboard.refresh(s, live=s.settings.command == "loop")     # the page reloads itself while the loop runs
     return event
 
 
@@ -429,6 +430,15 @@ def holdout_line(s):
     console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
                 (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
     try:
-        return holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"])
+        line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"])
     except SetupError as e:
-        return f"holdout: not measured ({str(e).splitlines()[-1]})"
+        line = f"holdout: not measured ({str(e).splitlines()[-1]})"
+    s.log("holdout", line=line)
+    dashboard.refresh(s, live=False)
+    return line
+
+
+def stopped(s, **fields):
+    """The loop ended: its "stop" event (fields: why, its throughput), and the dashboard rewritten as not live."""
+    s.log("stop", **fields)
+    dashboard.refresh(s, live=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import git
 
-from harness import checks, console, curves, gitops, ledger, memory, prompts, runner, sandbox
+from harness import checks, console, curves, dashboard, gitops, ledger, memory, prompts, runner, sandbox
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -406,7 +406,8 @@ def restore_outputs(s, all_events):
     his analysis notebook assumes: earlier tags move to their own file), and a row or note lost to a kill between
     the "experiment" event and them."""
     target, tag = s.target, s.settings.tag
-    gitops.ensure_ignored(s.repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG, TRY_LOG)])
+    gitops.ensure_ignored(s.repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG, TRY_LOG,
+                                                               dashboard.PAGE)])
     try:
         ledger.ensure_results_header(target / ledger.RESULTS, s.metric)
     except ValueError as e:

@@ -129,6 +129,17 @@ class Rule:
             return f"{MARGIN_SDS} x the noise floor, {self.floor_source}: the baseline's runs spread less"
         return f"{MARGIN_SDS} x noise sd"
 
+    def band(self):
+        """(width in metric units, legend words) of the band progress.png draws on the better side of the running
+        best: the margin a keep needs, or under the paired rule the near-miss width (a gain that small is rarely
+        kept: the paired test decides from 2-4 runs). (0.0, "") when the rule has no margin (strict)."""
+        if not self.margin:
+            return 0.0, ""
+        if self.is_paired:
+            return self.margin, (f"near miss: a gain under {self.margin:.4g} ({MARGIN_SDS} noise sd) is rarely kept; "
+                                 "the paired test over 2-4 runs decides")
+        return self.margin, f"margin {self.margin:.4g} ({self.source}): a smaller gain is discarded"
+
     def gain(self, metric, best):
         """How much metric is better than best (positive: better), whatever the goal."""
         return best - metric if self.goal == "min" else metric - best

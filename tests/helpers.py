@@ -52,6 +52,12 @@ def events(target, kind=None):
     return [e for e in all_events if kind is None or e["event"] == kind]
 
 
+def page_data(page):
+    """The data block of a dashboard page (harness/dashboard.py), as the page's script reads it."""
+    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', Path(page).read_text(), re.S)
+    return json.loads(found.group(1))
+
+
 def sha(target, rev):
     """The full sha of a revision in the target's repository."""
     return git.Repo(target, search_parent_directories=True).commit(rev).hexsha

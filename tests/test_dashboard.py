@@ -1,0 +1,210 @@
+"""The dashboard (harness/dashboard.py, `report.py --html`): a planted run in a real git repository, its page opened in
+a real headless browser (Debian's chromium; CI installs it), and the inputs the issue names as bad."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import types
+
+import pytest
+
+import report
+from harness import curves, dashboard
+from helpers import in_ci, page_data
+
+TAG = "dash"
+PLANTED = '<script>document.title="pwned";document.body.setAttribute("data-pwned","1")</script> lr up'
+BREAKOUT = ('</table></script><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'2\')"> "quoted" '
+            '\x1b[31mred\x07')
+DIFF_LINE = "# </script><script>document.body.setAttribute('data-pwned','3')</script>"
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def curve_of(losses):
+    """A Curve whose loss at progress p = (k + 1) / len(losses) is losses[k]."""
+    return curves.Curve(curves.Point((k + 1) / len(losses), loss, 1.0, 1000.0) for k, loss in enumerate(losses))
+
+
+def planted_run(tmp_path):
+    """A target in a git repository: the baseline (3 runs with curves), a keep whose diff raises LR, a discard with the
+    planted description and a `</script>` line in its diff, a crash with a log tail. Returns the target folder."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    train = repo / "train.py"
+    sources = ["LR = 0.01\nDEPTH = 4\n", "LR = 0.02\nDEPTH = 4\n", f"LR = 0.02\nDEPTH = 4\n{DIFF_LINE}\n",
+               "LR = 0.02\nDEPTH = 8\n"]
+    shas = []
+    for k, source in enumerate(sources):
+        train.write_text(source)
+        git(repo, "add", "train.py")
+        git(repo, "commit", "-qm", f"c{k}")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+        if k == 1:
+            keep = shas[-1]
+        if k >= 1:
+            git(repo, "reset", "-q", "--hard", keep)        # each candidate is built on the best
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    metric = {0: 1.0, 1: 0.98, 2: 0.99, 3: None}
+    status = {0: "keep", 1: "keep", 2: "discard", 3: "crash"}
+    ideas = {0: "baseline", 1: "raise LR to 0.02", 2: PLANTED, 3: BREAKOUT}
+    rows, events = ["commit\tval_bpb\tmemory_gb\tstatus\tdescription"], []
+    for n in range(4):
+        base = None if n == 0 else shas[0] if n == 1 else keep
+        runs = {0: [1.0, 1.01, 0.99], 1: [0.98, 0.981], 2: [0.99], 3: []}[n]
+        for r, m in enumerate(runs):
+            log = logs / f"{n:04d}-0-r{r}.log"
+            log.write_text("")
+            curves.save(curve_of([3.0 - 0.2 * k - 0.01 * r - 0.05 * (n == 1) for k in range(10)]), log)
+            events.append({"event": "run_end", "tag": TAG, "n": n, "run": r, "commit": shas[n][:7], "metric": m,
+                           "log": str(log), "log_tail": ""})
+        if n == 3:
+            events.append({"event": "run_end", "tag": TAG, "n": 3, "run": 0, "commit": shas[3][:7], "metric": None,
+                           "log": str(logs / "0003-0.log"), "log_tail": "Traceback\nRuntimeError: <b>oom</b>\x1b[0m"})
+        events.append({"event": "experiment", "tag": TAG, "n": n, "commit": shas[n][:7], "full_commit": shas[n],
+                       "status": status[n], "metric": metric[n] or 0.0, "memory_gb": 1.0, "description": ideas[n],
+                       "base": base, "base_metric": None if n == 0 else 1.0 if n == 1 else 0.98, "runs": runs or None,
+                       "noise_sd": 0.01 if n == 0 else None, "wall_seconds": 30.0 + n, "proposer": "anthropic",
+                       "input_tokens": 1000, "output_tokens": 100, "cost_usd": 0.01, "confirm": 3, "margin": None,
+                       "verdict": "margin", "false_keep": None} | ({"reason": "out of memory"} if n == 3 else {}))
+        rows.append(f"{shas[n][:7]}\t{metric[n] or 0.0:.6f}\t1.0\t{status[n]}\t{ideas[n]}")
+    (repo / "results.tsv").write_text("\n".join(rows) + "\n")
+    (repo / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return repo
+
+
+def chromium():
+    """The headless browser's path; skips without one (fails in CI, which installs it)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if in_ci():
+            pytest.fail("chromium missing in CI (.ci/run installs it: apt-get install -y chromium)")
+        pytest.skip("no chromium here: apt-get install -y chromium")
+    return found
+
+
+def browse(page, fragment="", tmp_path=None):
+    """The page's DOM after its scripts ran, as a real headless chromium serialises it."""
+    profile = tmp_path / "chromium-profile"
+    done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom",
+                           f"file://{page}{fragment}"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_page_in_a_real_browser_shows_table_curve_and_diff_and_runs_no_planted_script(tmp_path):
+    target = planted_run(tmp_path)
+    assert report.main([str(target), "--html"]) == 0
+    page = target / dashboard.PAGE
+    source = page.read_text()
+    assert "<script>document" not in source and "</table></script>" not in source   # nothing planted, verbatim
+    dom = browse(page, "#n=2", tmp_path)
+    assert "pwned" not in re.search(r"<title>(.*?)</title>", dom).group(1)
+    assert "data-pwned" not in dom.split("<body", 1)[1].split(">", 1)[0]        # no planted script ran
+    assert "<img src=\"x\"" not in dom                                          # nor became an element
+    body = re.search(r'<tbody id="rows">(.*?)</tbody>', dom, re.S).group(1)
+    assert body.count('<tr class="row') == 4
+    assert "&lt;script&gt;document.title=\"pwned\"" in body                     # shown as text
+    assert "&lt;/table&gt;&lt;/script&gt;&lt;img src=x" in body
+    assert "\u241b[31mred\u2407" in body                                        # control characters made visible
+    assert re.search(r"<td[^>]*>0\.980000</td>", body)                          # the keep's metric ...
+    assert re.search(r"<td[^>]*>-0\.020000</td>", body)                         # ... and its delta vs its base
+    detail = re.search(r'<div id="detail">(.*?)</div>', dom, re.S).group(1)
+    assert "#2 discard" in detail
+    assert len(re.findall(r'<polyline[^>]*class="own"', detail)) == 1           # its run's curve
+    assert re.search(r'<polyline[^>]*class="best"', detail)                    # over the best's
+    assert re.search(r'<polygon[^>]*class="band"', detail)                     # and the baseline band
+    assert '<span class="add">+# &lt;/script&gt;&lt;script&gt;' in detail      # the diff, as text
+    kept = re.search(r'<ol id="kept">(.*?)</ol>', dom, re.S).group(1)
+    assert kept.count("<li>") == 2 and "raise LR to 0.02" in kept
+    crash = browse(page, "#n=3", tmp_path)
+    assert "RuntimeError: &lt;b&gt;oom&lt;/b&gt;\u241b[0m" in crash              # the log tail, as text
+
+
+def test_gathered_figures_match_the_run(tmp_path):
+    target = planted_run(tmp_path)
+    data = dashboard.gather(report.load_run(target), report)
+    rows = {r["n"]: r for r in data["rows"]}
+    assert rows[1]["delta"] == pytest.approx(-0.02) and rows[1]["runs"] == [0.98, 0.981]
+    assert rows[2]["delta"] == pytest.approx(0.01) and rows[3]["metric"] is None
+    assert rows[1]["wall"] == 31.0 and rows[1]["by"] == "anthropic"
+    assert data["noise"] == {"sd": 0.01, "runs": 3}
+    assert data["confidence"] == 2.0                                            # gain 0.02 / sd 0.01
+    assert data["margin"] == pytest.approx(0.02)                                # 2 x noise sd
+    assert data["spend"]["input_tokens"] == 4000 and data["spend"]["cost_usd"] == 0.04
+    assert "+LR = 0.02" in data["diffs"][rows[1]["commit"]] and "-LR = 0.01" in data["diffs"][rows[1]["commit"]]
+    band = data["curves"][data["baseline"]]["mean"]
+    p = dict((q[0], q[1:]) for q in band)[0.5]                                 # progress 0.5 = point 5: 3.0 - 0.8
+    assert p[0] == pytest.approx(2.2 - 0.01) and p[1] == pytest.approx(0.01)    # runs r=0,1,2: -0, -0.01, -0.02
+
+
+def test_renders_what_it_has_without_events_with_torn_lines_and_other_tags(tmp_path):
+    target = planted_run(tmp_path)
+    (target / "events.jsonl").unlink()
+    with open(target / "results.tsv", "a") as f:
+        f.write("abc1234\t0.97")                                              # a torn last line
+    assert report.main([str(target), "--html", str(tmp_path / "no-events.html")]) == 0
+    data = page_data(tmp_path / "no-events.html")
+    assert len(data["rows"]) == 4 and data["skipped"] == 1 and data["diffs"] == {} and data["curves"] == {}
+    assert data["rows"][1]["delta"] is None and data["noise"] is None
+
+
+def test_write_is_atomic_and_a_failure_keeps_the_old_page(tmp_path, monkeypatch):
+    target = planted_run(tmp_path)
+    page = target / dashboard.PAGE
+    page.write_text("the old page")
+
+    def broken(data, png=None):
+        raise RuntimeError("render failed")
+    monkeypatch.setattr(dashboard, "render", broken)
+    with pytest.raises(RuntimeError):
+        dashboard.write(report.load_run(target), page, report)
+    assert page.read_text() == "the old page" and sorted(p.name for p in target.iterdir() if p.name.startswith("."))\
+        == [".git"]
+    monkeypatch.undo()
+    dashboard.write_atomic(page, "new")
+    assert page.read_text() == "new" and not list(target.glob(".dashboard.html.*"))
+
+
+def test_json_in_the_page_cannot_close_its_script_element():
+    raw = dashboard.json_for_script({"x": "</script><script>alert(1)</script>\u2028&"})
+    assert "<" not in raw and ">" not in raw and "&" not in raw and "\u2028" not in raw
+    assert json.loads(raw) == {"x": "</script><script>alert(1)</script>\u2028&"}
+
+
+def test_csp_allows_only_the_page_script(tmp_path):
+    target = planted_run(tmp_path)
+    source = dashboard.write(report.load_run(target), tmp_path / "p.html", report).read_text()
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', source).group(1)
+    assert "default-src 'none'" in policy and "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
+    scripts = re.findall(r"<script>(.*?)</script>", source, re.S)
+    assert scripts == [dashboard.SCRIPT]
+
+
+def test_the_loop_writes_a_live_page_that_stops_reloading_when_stale(tmp_path):
+    target = planted_run(tmp_path)
+    s = types.SimpleNamespace(target=target, settings=types.SimpleNamespace(tag=TAG), timeout=60.0)
+    dashboard.refresh(s, live=True)
+    data = page_data(target / dashboard.PAGE)
+    assert data["live"] and data["stale_s"] == 720.0 and data["reload_s"] == dashboard.RELOAD_S
+    assert len(data["rows"]) == 4
+    dom = browse(target / dashboard.PAGE, "", tmp_path)
+    assert "live: written " in dom and "reloads every 30 s" in dom
+    old = (target / dashboard.PAGE).read_text().replace(f'"written":{data["written"]}', '"written":1000')
+    (target / dashboard.PAGE).write_text(old)
+    assert "no update since " in browse(target / dashboard.PAGE, "", tmp_path)       # the loop was killed
+    dashboard.refresh(s, live=False)
+    assert not page_data(target / dashboard.PAGE)["live"]
+    (target / "results.tsv").write_text("not a results file\n")                   # a failure is one warning
+    dashboard.refresh(s, live=True)
+    assert s.dashboard_warned and not page_data(target / dashboard.PAGE)["live"]     # the last good page stays
