@@ -101,6 +101,11 @@ def mean_band(runs):
     return out
 
 
+# as gitops.harden's: no program named in the repository's config runs, and refs/replace/ cannot swap what is shown
+HARDENED = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "false",
+            "GIT_NO_REPLACE_OBJECTS": "1"}
+
+
 def diffs_of(repo_dir, pairs, path):
     """{commit: the diff of `path` from base to commit} for (base, commit) full shas, in one `git diff-tree --stdin`
     (each commit's diff follows a line holding its sha). A pair git cannot diff (a pruned object) is left out; an
@@ -110,8 +115,9 @@ def diffs_of(repo_dir, pairs, path):
         return {}
     feed = "".join(f"{c} {b}\n" for b, c in pairs)          # "<commit> <parent>": the diff from the parent
     try:
-        done = subprocess.run(["git", "diff-tree", "-p", "--no-color", "--no-ext-diff", "--stdin", "--", path],
-                              cwd=repo_dir, input=feed.encode(), capture_output=True, timeout=120)
+        argv = ["git", "diff-tree", "-p", "--no-color", "--no-ext-diff", "--no-textconv", "--stdin", "--", path]
+        done = subprocess.run(argv, cwd=repo_dir, input=feed.encode(), capture_output=True, timeout=120,
+                              env={**os.environ, **HARDENED})
     except (OSError, subprocess.TimeoutExpired):
         return {}
     wanted, out, current = {c for _, c in pairs}, {c: "" for _, c in pairs}, None
@@ -166,7 +172,7 @@ def gather(run, report, live=False, stale_s=3600.0):
     if exps and run.path.parent.is_dir():
         pairs = [(e.get("base"), e.get("full_commit")) for e in exps.values() if e.get("commit") in detailed]
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=run.path.parent, capture_output=True,
-                             text=True).stdout.strip()
+                             text=True, env={**os.environ, **HARDENED}).stdout.strip()
         if top:
             path = os.path.relpath((run.path.parent / "train.py").resolve(), Path(top).resolve())
             full = diffs_of(top, pairs, path)
