@@ -202,7 +202,7 @@ def gather(run, report, live=False, stale_s=3600.0):
                    "cost_usd": number(stats.cost_usd, 4),
                    "time": text(report.format_events(stats).splitlines()[0].removeprefix("time").strip())}
                   if stats else None),
-        "holdout": text(holdout) if holdout else None,
+        "holdout": text(holdout.removeprefix("holdout").lstrip(": ")) if holdout else None,
         "lines": [text(x) for x in lines],
         "kept": [{"commit": text(k["commit"]), "metric": number(k["metric"]), "gain": number(k["gain"]),
                   "description": text(k["description"])} for k in report.kept_table(rows, run.goal)],
