@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,6 +322,16 @@ def _y_limits(rows, goal):
     return lo - pad, hi + pad
 
 
+def save_figure(fig, png):
+    """Save a Figure as a PNG at png (a path or a binary file object), labels inside the image; a glyph the font
+    lacks (a description in another script) is drawn as a box without a warning on the loop's console. Returns png
+    (a path as a Path)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.savefig(png if hasattr(png, "write") else Path(png), bbox_inches="tight", pad_inches=0.15)
+    return png if hasattr(png, "write") else Path(png)
+
+
 LABELS = 40                     # kept rows labelled with their description in progress.png: the latest ones
 
 
@@ -397,8 +408,7 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
                    label="crash (no metric)", zorder=5, clip_on=False)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left" if goal == "max" else "lower left", fontsize=8)  # the corner the curve leaves empty
-    fig.savefig(png if hasattr(png, "write") else Path(png), bbox_inches="tight", pad_inches=0.15)
-    return png if hasattr(png, "write") else Path(png)
+    return save_figure(fig, png)
 
 def plot_curves(run, png, commits=None):
     """Draw the learning curves (train loss as train.py printed it against the share of the time budget) of the
@@ -425,8 +435,7 @@ def plot_curves(run, png, commits=None):
     ax.set_title(f"{run.title}: learning curves of {len(found)} experiment{'s' if len(found) > 1 else ''}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
-    fig.savefig(png if hasattr(png, "write") else Path(png), bbox_inches="tight", pad_inches=0.15)
-    return png if hasattr(png, "write") else Path(png)
+    return save_figure(fig, png)
 
 
 # ---------------------------------------------------------------------------
