@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import conditions, console, curves, dashboard, gitops, holdout, ledger, search, verdict
+from harness import conditions, console, curves, dashboard, gitops, holdout, ledger, search, tracking, verdict
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -278,7 +278,8 @@ class Result:
 @locked
 def record(s, result):
     """Log the "experiment" event, then append the results.tsv row derived from it, add its git note, prune the
-    artifacts of everything but the baseline and the best, and print one line. Returns the event."""
+    artifacts of everything but the baseline and the best, and print one line; with --mlflow its MLflow run is
+    started before the event (its id in the event) and filled in last (harness.tracking). Returns the event."""
     r, outcome, status = result, result.outcome, result.judged.status
     idea = redact(r.description)
     description = r.description if len(r.judged.runs) < 2 else f"{r.description} ({len(r.judged.runs)} runs)"
@@ -291,6 +292,7 @@ def record(s, result):
             clean_description(f"{description}{end}")
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
+    run = tracking.begin(s, r.n, idea)      # the MLflow run (--mlflow; None: off or failed)
     event = s.log("experiment", n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
                   memory_source=outcome.memory_source or None, reported_memory_gb=round(outcome.reported_memory_gb, 3),
@@ -304,7 +306,7 @@ def record(s, result):
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
                   gain=r.judged.gain, noise_sd=r.noise_sd,
-                  cancelled=cancel.fields() if cancel is not None else None, **r.fields)
+                  cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
@@ -316,6 +318,7 @@ def record(s, result):
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
+    tracking.finish(s, run, event, r)
     dashboard.refresh(s, live=s.settings.command == "loop")     # the page reloads itself while the loop runs
     return event
 

@@ -83,7 +83,8 @@ def note_text(event, metric):
     line = (f"autoresearch {event['tag']} #{event['n']}: {event['status']}, {value}{delta}; {runs} "
             f"run{'s' if runs > 1 else ''}{fixes}; "
             f"memory {event['memory_gb']:.1f} GB; {event['wall_seconds']:.0f} s")
-    return line if event["status"] == "keep" else f"{line}\n{event['description']}"
+    line = line if event["status"] == "keep" else f"{line}\n{event['description']}"
+    return f"{line}\nmlflow run {event['mlflow_run']}" if event.get("mlflow_run") else line
 
 
 def append_line(path, line):

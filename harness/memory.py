@@ -96,41 +96,67 @@ def value_of(text):
 
 def change_of(before, after):
     """The Change from train.py `before` to `after` (text; either may be syntax-broken: only lines are read)."""
-    old, new = before.splitlines(), after.splitlines()
     removed, added, code, code_lines = {}, {}, [], []
-    matcher = difflib.SequenceMatcher(None, [x.rstrip() for x in old], [x.rstrip() for x in new], autojunk=False)
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
-        if op == "equal":
-            continue
-        for sign, lines, start, into in (("-", old, i1, removed), ("+", new, j1, added)):
-            for k, line in enumerate(lines[start:(i2 if sign == "-" else j2)]):
-                text = normalised(line)
-                if text:
-                    code.append(sign + text)
-                if (m := CONSTANT.match(line)) and not enclosing(lines, start + k):   # a constant, not a local
-                    into.setdefault(m.group(1), m.group(2))
-                elif text:
-                    code_lines.append((lines, start + k, text))
+    for sign, lines, i in changed_lines(before, after):
+        text = normalised(lines[i])
+        if text:
+            code.append(sign + text)
+        if (m := CONSTANT.match(lines[i])) and not enclosing(lines, i):     # a constant, not a local
+            (removed if sign == "-" else added).setdefault(m.group(1), m.group(2))
+        elif text:
+            code_lines.append((lines, i, text))
     moves, families = [], []
-    for name in [*dict.fromkeys([*removed, *added])]:
-        if name in removed and name in added:
-            a, b = value_of(removed[name]), value_of(added[name])
-            if a is not None and b is not None:
-                if a == b:
-                    continue                    # the same value written another way
-                moves.append(f"{name} {'up' if b > a else 'down'}")
-            elif removed[name].strip() == added[name].strip():
-                continue
-            else:
-                moves.append(f"{name} = {added[name].strip()[:40]}")
+    for name, (old, new) in changed_values(removed, added).items():
+        a, b = (None, None) if old is None or new is None else (value_of(old), value_of(new))
+        if old is None or new is None:
+            moves.append(f"{name} {'added' if old is None else 'removed'}")
+        elif a is not None and b is not None:
+            moves.append(f"{name} {'up' if b > a else 'down'}")
         else:
-            moves.append(f"{name} {'added' if name in added else 'removed'}")
+            moves.append(f"{name} = {new.strip()[:40]}")
         families.append(name)
     for lines, i, text in code_lines:
         names = enclosing(lines, i) + ([m.group(2)] if (m := DEF.match(lines[i])) else [])   # a def: its own name
         moves.append(f"code: {'.'.join(names)}" if names else f"code: {CODE_MAIN}: {text[:60]}")   # outside: the line
         families.append(f"code: {code_family(names, text)}")
     return Change(tuple(dict.fromkeys(moves)), tuple(dict.fromkeys(families)), "\n".join(code)[:4000])
+
+
+def changed_lines(before, after):
+    """The changed lines of the line diff from text `before` to `after`, in order, as (sign, lines, i): sign "-"
+    (line i of before's lines) or "+" (line i of after's lines)."""
+    old, new = before.splitlines(), after.splitlines()
+    matcher = difflib.SequenceMatcher(None, [x.rstrip() for x in old], [x.rstrip() for x in new], autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op != "equal":
+            yield from (("-", old, i) for i in range(i1, i2))
+            yield from (("+", new, j) for j in range(j1, j2))
+
+
+def changed_values(removed, added):
+    """{name: (old value text, new value text)} of the constants an edit changed, from the first removed and added
+    assignment of each name on a changed line (None: not there: added or removed), in order. A value written another
+    way (4e-2 for 0.04, other spacing) is no change."""
+    found = {}
+    for name in dict.fromkeys([*removed, *added]):
+        old, new = removed.get(name), added.get(name)
+        if old is not None and new is not None:
+            a, b = value_of(old), value_of(new)
+            if a is not None and b is not None and a == b or (a is None or b is None) and old.strip() == new.strip():
+                continue
+        found[name] = (old, new)
+    return found
+
+
+def constants_changed(before, after):
+    """{name: (old value text, new value text)} of the UPPER_CASE constants at module level (or in a module-level
+    `if PROFILE` branch) that the edit from train.py `before` to `after` changed (None: added or removed), as
+    change_of reads them: harness.tracking logs them as an experiment's params."""
+    removed, added = {}, {}
+    for sign, lines, i in changed_lines(before, after):
+        if (m := CONSTANT.match(lines[i])) and not enclosing(lines, i):
+            (removed if sign == "-" else added).setdefault(m.group(1), m.group(2).strip())
+    return changed_values(removed, added)
 
 
 def normalised(line):

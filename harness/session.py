@@ -24,7 +24,8 @@ from pathlib import Path
 
 import git
 
-from harness import checks, console, curves, dashboard, gitops, ledger, memory, prompts, runner, sandbox
+from harness import (checks, console, curves, dashboard, gitops, ledger, memory, prompts, runner, sandbox,
+                     tracking)
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -81,6 +82,7 @@ class Session:
     prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
     changes: dict = dataclasses.field(default_factory=dict)  # experiment n -> memory.Change (the tabu, the bandit)
     outer: object = None                # harness.outer.State: the outer loop's freezes, guidance and mechanisms
+    tracking: object = None             # harness.tracking.Tracker: the MLflow store (--mlflow; None: off)
     # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
     # records. The lock serialises git, the ledger and the guard's snapshots; `live` are the snapshots of the runs
     # in flight, told of every change the harness itself makes meanwhile (expect_ref, Snapshot.appended).
@@ -275,6 +277,7 @@ def open_session(settings):
     frozen_side(s, all_events, constants)
     restore_outputs(s, all_events)
     measured_runs(s, all_events)
+    s.tracking = tracking.start(s)
     return s, constants
 
 

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from harness import curves, memory
+from harness import curves, memory, tracking
 from harness.edits import clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
@@ -69,6 +69,8 @@ class Settings:
     tabu: int | None = None             # --tabu: the tenure (None: the tag's, or memory.TENURE; 0: off)
     explore: str = "on"                 # --explore on | off: the bandit names the family of the next proposal
     outer_every: int | None = None      # --outer-every K: an outer step every K experiments (None: off)
+    mlflow: str | None = None           # --mlflow: the MLflow tracking URI each experiment is mirrored to (the
+                                        # default filled in: sqlite:///<target>/mlflow.db); None: no tracking
 
 
 def parse(argv):
@@ -240,6 +242,11 @@ def add_common_flags(p):
                    f"early, a discard, when its loss at the same progress is more than {curves.K:g} noise sds behind "
                    f"the best's at {curves.CONSECUTIVE} checkpoints in a row from {100 * curves.WARMUP:g} %% of the "
                    "budget (docs/loop.md); off: every run trains to the end")
+    p.add_argument("--mlflow", nargs="?", const="", metavar="URI", help="mirror each experiment into MLflow as a run "
+                   "(params, metrics, the learning curve, the diff; docs/tracking.md): URI of the tracking store "
+                   f"(default: {tracking.DEFAULT_URI.format(target='<target>')}, artifacts in <target>/"
+                   f"{tracking.ARTIFACTS}); needs `uv sync --extra tracking`. A failure of MLflow is a warning, "
+                   "never a lost experiment")
 
 
 def number(low, kind=float, above=False, most=math.inf):
@@ -270,7 +277,8 @@ def rate(text):
 
 
 def check_common(p, args):
-    """The shared flag the parser cannot check alone: a tag that makes a valid, short branch name."""
+    """The shared flags the parser cannot check alone: a tag that makes a valid, short branch name, an MLflow URI
+    (its default filled in)."""
     tag = args.tag
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
         p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-' (e.g. nov30)")
@@ -280,3 +288,8 @@ def check_common(p, args):
     if args.false_keep is not None and (args.verdict == "margin" or args.verdict is None and args.margin is not None):
         p.error("--false-keep-rate is the paired rule's: leave it out with --verdict margin or --margin (the margin "
                 "decides there)")
+    if args.mlflow is not None:
+        try:
+            args.mlflow = tracking.check_uri(args.mlflow, Path(args.target).resolve())
+        except ValueError as e:
+            p.error(f"--mlflow: {e}")
