@@ -71,7 +71,7 @@ def research_loop(s, loop):
     measure), and the verdicts are recorded here, one at a time, in experiment order. On one device with
     --no-speculate that is exactly propose, commit, run, judge, record, keep."""
     pool, backlog = loop.pool, loop.backlog
-    if s.next_n == 0:
+    if s.baseline_due:                  # the tag's first, or a new hardware epoch's
         run_baseline(s, loop)
     finished, reason = loop.finished, None
     while True:
@@ -161,14 +161,14 @@ def settle(s, loop, job, outcome, judged, ended):
 def run_baseline(s, loop):
     """Experiment 0: the unmodified train.py at the branch start, measured on this machine --baseline-runs times
     with different seeds, on every device at once as the candidates will run: their mean is the first best, their
-    standard deviation the noise floor. The first ideas (one per device) are asked for while it trains."""
-    t0, spend0, sha, k = time.monotonic(), s.spend, s.best_commit, s.settings.baseline_runs
-    experiment.make_candidate_ref(s, 0, sha)
-    s.status(0, f"baseline: {k} run(s)")
+    standard deviation the noise floor (on new hardware, --new-hardware: the best's train.py, as the next experiment).
+    The first ideas (one per device) are asked for while it trains."""
+    t0, spend0, k, (n, sha) = time.monotonic(), s.spend, s.settings.baseline_runs, experiment.baseline_commit(s)
+    s.status(n, f"baseline: {k} run(s)")
     outcomes, waiting, pool = [None] * k, list(range(k)), loop.pool
     while waiting or pool.running:
         while waiting and pool.free:
-            pool.submit(lambda device, run: experiment.train(s, 0, 0, sha, run=run, device=device), waiting.pop(0))
+            pool.submit(lambda device, run: experiment.train(s, n, 0, sha, run=run, device=device), waiting.pop(0))
         if loop.lookahead and not waiting and not loop.backlog.ideas and allowed(s, loop) > 0:   # busy: ask now
             propose(s, loop, min(len(pool.devices), allowed(s, loop)))
         for run, outcome in pool.done():
@@ -214,7 +214,7 @@ def research_main(s, proposer, constants, devices):
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
                 f"{s.timeout:g}s, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
     s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
-    loop = Loop(s.pool, ideas.Backlog(proposer, system), max(1, s.next_n), lookahead=0 if a.no_speculate else 1)
+    loop = Loop(s.pool, ideas.Backlog(proposer, system), s.next_n + s.baseline_due, lookahead=int(not a.no_speculate))
     loop.backlog.ideas.extend(ideas.unfinished(s) if s.history else [])   # what a stop left unmeasured runs first
     try:
         reason = research_loop(s, loop)

@@ -31,7 +31,8 @@ from matplotlib.ticker import MaxNLocator
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag, tag_state)
-from harness import curves, dashboard
+from harness.ledger import baseline_of, epoch_of_row, hardware_events
+from harness import curves, dashboard, hardware
 from harness.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
 from harness.gitops import harness_dir
@@ -494,9 +495,9 @@ def load_run(results=".", events=None, tag=None, goal=None):
 
 
 def noise_of(run):
-    """(noise sd, number of baseline runs) measured at the start of the run's tag, or (None, 0) (one baseline run,
-    or no events)."""
-    baseline = next(iter(experiment_events(run.events or [], run.tag)), {})
+    """(noise sd, number of baseline runs) measured by the run's tag's current baseline (its first, or its latest
+    hardware epoch's: ledger.baseline_of), or (None, 0) (one baseline run, or no events)."""
+    baseline = baseline_of(experiment_events(run.events or [], run.tag)) or {}
     return baseline.get("noise_sd"), len(baseline.get("runs") or [])
 
 
@@ -531,7 +532,7 @@ def rule_of(run):
     state = tag_state(run.events or [], tag)
     if state.rule is None:
         return None
-    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], state.history[0],
+    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], baseline_of(state.history),
                         paired=state.rule["verdict"] == "paired", false_keep=state.rule["false_keep"] or FALSE_KEEP)
 
 
@@ -563,6 +564,42 @@ def holdout_of(run):
     history = experiment_events(run.events, run.tag)
     return holdout_summary(harness_dir(repo, run.tag), history, run.metric_name, run.goal,
                            pinned_env(run.events, run.tag))
+
+
+@dataclass
+class Epoch:
+    """The rows of one hardware epoch of a tag (harness.hardware: `--new-hardware` opens the next): numbers of
+    different epochs were measured on different hardware or software and are never compared."""
+    number: int                # 1: where the tag started; k: its k-th hardware (rows labelled [hwk])
+    rows: list                 # list[Row], its baseline first
+    words: str | None          # its fingerprint in words (hardware.words), None without its "hardware" event
+
+
+def epochs_of(run, rows=None):
+    """The run's rows (or `rows`, a subset of them) split by hardware epoch, in order: [Epoch], one for a tag that
+    stayed on one machine (or rows without events). A row's epoch is its [hwN] label (ledger.epoch_of_row), its
+    words the tag's latest "hardware" event of that epoch. report.py and the dashboard summarise the last one."""
+    rows = run.rows if rows is None else rows
+    tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
+    words = {e.get("epoch", 1): hardware.words(e) for e in hardware_events(run.events or [], tag)}
+    found = {}
+    for row in rows:
+        found.setdefault(epoch_of_row(row.description), []).append(row)
+    return [Epoch(k, found[k], words.get(k)) for k in sorted(found)] or [Epoch(1, [], words.get(1))]
+
+
+def epoch_lines(epochs, goal):
+    """One line per epoch before the last (its rows, its best, what it was measured on), and one naming the last's
+    hardware when there are several: report.py prints them under the summary, which is the last epoch's."""
+    if len(epochs) < 2:
+        return []
+    lines = []
+    for e in epochs[:-1]:
+        best = kept_table(e.rows, goal)
+        shown = f"best {best[-1]['metric']:.6f} ({best[-1]['commit']})" if best else "no kept row with a metric"
+        lines.append(f"hardware {e.number:<3} {len(e.rows)} rows, {shown}; not comparable: measured on "
+                     f"{e.words or 'another machine'}")
+    return lines + [f"hardware {epochs[-1].number:<3} the figures above: measured on {epochs[-1].words or '?'}"]
 
 
 def is_smoke(row):
@@ -604,8 +641,12 @@ def main(argv=None):
     if smoke and rows is smoke:
         print(f"smoke run: every row has a shortened budget ({smoke[0].description.split(']')[0]}]), "
               f"not comparable to full runs")
+    apart, epochs = smoke and rows is not smoke, epochs_of(run, rows)
+    rows = epochs[-1].rows              # one hardware's numbers: earlier epochs get a line each
     print(format_summary(summarize(rows, run.metric_name, run.goal)))
-    if smoke and rows is not smoke:
+    for line in epoch_lines(epochs, run.goal):
+        print(line)
+    if apart:
         print(f"smoke rows   {len(smoke)} with a shortened budget, apart from the numbers above: "
               + ", ".join(f"{row.commit} {row.status}" for row in smoke[:10]) + (" ..." if len(smoke) > 10 else ""))
     print()
@@ -636,7 +677,8 @@ def main(argv=None):
         except (SetupError, ValueError) as e:
             print(f"error: --holdout: {e}", file=sys.stderr)
             return 2
-    png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=run.title,
+    title = run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else "")
+    png = plot_progress(rows, run.metric_name, run.goal, args.png or run.path.parent / "progress.png", title=title,
                         rule=rule)
     print(f"\nwrote {png}")
     if args.html is not None:

@@ -142,16 +142,17 @@ def train_edit_not_ignored(s, changed, here, best_bytes, measured):
 
 
 def try_baseline_state(s, here, best, best_bytes, describe):
-    """`try`: a baseline first, and only once; the baseline measures the committed train.py."""
+    """`try`: a baseline first, and only once (once per hardware epoch: try_baseline_due); the first measures the
+    committed train.py, a new hardware's the best's."""
     a, tag = s.settings, s.settings.tag
     if a.command != "try":
         return
     if not a.baseline and not s.history:
         raise SetupError(f"tag {tag!r} has no baseline yet: run `uv run agent.py try --tag {tag} --baseline` first")
-    if a.baseline and s.history:
+    if a.baseline and s.history and not a.new_hardware:    # --new-hardware: try_baseline_due decides
         raise SetupError(f"tag {tag!r} already has its baseline ({describe(s.history[0], s.metric)}): edit "
                          f"train.py and run `uv run agent.py try --tag {tag} -m \"<idea>\"`")
-    if a.baseline and here != best_bytes:
+    if a.baseline and here != best_bytes and not s.history:     # a new hardware's measures the best's, as it is
         raise SetupError(f"train.py in your checkout differs from the committed one ({best}), which the baseline "
                          "measures: commit it first (then it is the baseline), or move it aside (`git stash`), then "
                          "rerun")
@@ -199,6 +200,38 @@ def same_frozen_inputs(s, recorded, found):
                          f"{found['digest'][:12]}, recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer, "
                          "the evaluation data or the base model differ, so new results would not be comparable. "
                          "Restore them, or start a new --tag")
+
+
+def same_hardware(s, recorded, changed):
+    """The tag's runs were measured on the hardware and software of its latest fingerprint (harness.hardware:
+    `recorded`, its "hardware" event); `changed`: the differences in words. Refused unless --new-hardware: numbers
+    measured elsewhere would be judged against its best and noise floor."""
+    a = s.settings
+    if a.new_hardware:
+        return
+    fix = (f"`uv run agent.py try --tag {a.tag} --baseline --new-hardware`" if a.command == "try" else
+           "the same command with --new-hardware")
+    when = str(recorded.get("ts", ""))[:19].replace("T", " ")
+    raise SetupError(f"tag {a.tag!r} was measured on other hardware or software (its fingerprint, hardware epoch "
+                     f"{recorded.get('epoch', 1)}{', recorded ' + when if when else ''}): {'; '.join(changed)}. Its "
+                     f"results are not comparable with runs here. Resume it where it was measured, start a new --tag, "
+                     f"or run {fix}: a new baseline is measured here first, the rows from then on are marked "
+                     f"[hw{recorded.get('epoch', 1) + 1}] and report.py keeps the hardware apart. Nothing was changed")
+
+
+def try_baseline_due(s, describe):
+    """`try` on a tag whose current hardware epoch has no baseline yet (--new-hardware opened it): only `try
+    --baseline` may run; `try --baseline` when it has one is refused."""
+    a, tag = s.settings, s.settings.tag
+    if a.command != "try" or a.sync or not s.history:
+        return
+    if a.baseline and not s.baseline_due:
+        raise SetupError(f"tag {tag!r} already has its baseline on this hardware ("
+                         f"{describe(ledger.baseline_of(s.history), s.metric)}): edit train.py and run `uv run "
+                         f"agent.py try --tag {tag} -m \"<idea>\"`")
+    if not a.baseline and s.baseline_due:
+        raise SetupError(f"tag {tag!r} continues on new hardware (epoch {s.hardware_epoch}) whose baseline is not "
+                         f"measured yet: run `uv run agent.py try --tag {tag} --baseline --new-hardware` first")
 
 
 def start_warnings(s, devices, is_llm):

@@ -140,7 +140,8 @@ def gather(run, report, live=False, stale_s=3600.0):
     smoke = [r for r in run.rows if report.is_smoke(r)]
     rows = [r for r in run.rows if not report.is_smoke(r)] or smoke
     exps = {e["commit"]: e for e in report.experiment_events(events, run.tag)}
-    summary = report.summarize(rows, run.metric_name, run.goal)
+    epochs = report.epochs_of(run, rows)
+    summary = report.summarize(epochs[-1].rows, run.metric_name, run.goal)   # one hardware's numbers
     rule = report.rule_of(run) if events else None
     noise_sd, noise_runs = report.noise_of(run) if events else (None, 0)
     tails = {e.get("commit"): e["log_tail"] for e in events      # a crashed run's log tail (its last run's)
@@ -183,6 +184,7 @@ def gather(run, report, live=False, stale_s=3600.0):
     stats = report.event_stats(events, run.tag) if events else None
     lines = [line for line in (report.proposers_of(events, run.tag)[1], report.cancelled_of(events, run.tag),
                                *report.memory_of(events, run.tag, run.goal)) if line]
+    lines += report.epoch_lines(epochs, run.goal)
     if smoke and rows is not smoke:
         lines.append(f"{len(smoke)} rows with a shortened budget are apart from the figures above (marked smoke)")
     best_row = next((t for t in table if t["commit"] == summary.best_commit), None)

@@ -13,7 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import conditions, console, curves, dashboard, gitops, holdout, ledger, search, tracking, verdict
+from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, search, tracking,
+                     verdict)
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -21,30 +22,31 @@ from harness.gitops import git_blob_sha
 from harness.proposers import Spend
 from harness.redact import redact
 from harness.runner import Kind
-from harness.session import RUN_LOG, export_frozen, file_at_bytes, locked
+from harness.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked
 from harness.settings import THREADS
 from harness.target import run_prepare
 
 
 @locked
-def commit(s, n, source, message, fix=0, amend=None, fix_of=None):
+def commit(s, n, source, message, fix=0, amend=None, fix_of=None, same=False):
     """Commit this train.py as experiment n's candidate on top of the best commit, in the harness's stage worktree
     (amend: the crashed candidate's sha, amended with fix number `fix` > 0 of experiment fix_of's idea, which the
     events record so that an interrupted fix is redone as that fix). Only train.py is committed; hooks run
     and a blocking one raises Stop. The message body names the tag and experiment, so two identical candidates never
-    share a commit. Keeps the commit reachable as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
+    share a commit (same=True: `source` is the best's train.py unchanged, a re-baseline). Keeps the commit reachable
+    as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
     s.log("candidate", n=n, fix=fix, fix_of=fix_of, parent=s.best_commit, blob=git_blob_sha(source.encode()),
           message=message)
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
     body = f"{message}\n\nautoresearch: tag {s.settings.tag}, experiment {n}"
-    sha = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None)
+    sha = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None, allow_empty=same)
     if (s.repo.commit(sha).tree / s.train_rel).hexsha != git_blob_sha(source.encode()):
         raise Stop(f"the candidate commit {sha[:7]} holds another train.py than the one proposed: a git filter "
                    "(filter.*.clean in your git config, with a .gitattributes or info/attributes line) rewrote it; "
                    "remove that filter, then rerun")
     changed = s.repo.git.diff("--name-only", s.best_commit, sha).split()
-    if changed != [s.train_rel]:                     # a hook (or a planted one) added files to the commit
+    if changed != ([] if same else [s.train_rel]):   # a hook (or a planted one) added files to the commit
         raise Stop(f"the candidate commit {sha[:7]} changes {', '.join(changed) or 'nothing'}, not only "
                    f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
                    "train.py only")
@@ -107,8 +109,9 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
     or the machine's speed changed): its artifact is not kept. device: the harness.pool.Device it runs on; None:
     this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's
-    (cancel_watcher). The run's curve is kept beside its log (harness.curves). Safe to call from several threads at
-    once. Returns the runner's Outcome."""
+    (cancel_watcher). The run's curve is kept beside its log (harness.curves); what its summary says of its device
+    and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`: harness.hardware). Safe
+    to call from several threads at once. Returns the runner's Outcome."""
     name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "")
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
@@ -123,7 +126,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             export_frozen(s, frozen_dir)
 
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, s.home / "logs" / f"{name}.log", env, s.metric,
-                s.timeout, s.budget if s.evaluation is not None else None, max_wall(s) if s.history else None,
+                s.timeout, s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
                 s.evaluation, fresh_frozen, device, s.speed_probe, cancel_watcher(s, n, run, sha, base))
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
@@ -145,6 +148,11 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
                   best_curve=mean_curve([watched.paired] if watched.paired else watched.best, curve, outcome.cancel.at))
         if outcome.metric is not None:
             s.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
+        outcome.hardware_mismatch = hardware.summary_mismatch(s.hardware or {}, outcome.summary,
+                                                              device.threads if device else THREADS)
+        if outcome.hardware_mismatch:
+            console.say(f"warning: experiment #{n}'s run says {outcome.hardware_mismatch} (the tag's fingerprint: "
+                        f"{hardware.words(s.hardware)}): its number may not be comparable")
         if outcome.probe_problem and not s.probe_warned:
             s.probe_warned = True
             console.say(f"speed probe: none ({outcome.probe_problem}); the wall-time allowance and the comparison "
@@ -155,7 +163,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
               eval_seconds=round(outcome.eval_seconds, 3), frozen_tampered=outcome.tampered, outside=outcome.outside,
               log=str(spec.log), log_tail=outcome.log_tail if outcome.metric is None else "",
               device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
-              probe_problem=outcome.probe_problem or None, best=best or None)
+              probe_problem=outcome.probe_problem or None, best=best or None,
+              hardware_mismatch=outcome.hardware_mismatch)
     return outcome
 
 
@@ -170,7 +179,8 @@ def cancel_watcher(s, n, run, sha, base):
     if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
         return None                                            # other's logs: curves are then not evidence
     with s.lock:
-        best, baseline = dict(s.curves.get(base[:7], {})), list(s.curves.get(s.history[0]["commit"], {}).values())
+        best = dict(s.curves.get(base[:7], {}))
+        baseline = list(s.curves.get(ledger.baseline_of(s.history)["commit"], {}).values())
     if not best or len(baseline) < curves.MIN_BASELINE:
         return None
     try:
@@ -228,7 +238,8 @@ def judge(s, n, fix, first, base, base_metric, device=None):
 
     if s.rule.is_paired:
         with s.lock:
-            pooled = verdict.pooled_of(s.rule, [(e["runs"], e.get("best_runs")) for e in s.history[1:]])
+            pooled = verdict.pooled_of(s.rule, [(e["runs"], e.get("best_runs"))    # this hardware's verdicts
+                                                for e in ledger.since_baseline(s.history)])
         return verdict.judge_paired(first, run_again, s.rule, best_at, pooled)
     if first.metric is not None and s.rule.confirm and conditions.differ(first.probe_s, then := best_probe(s, base)):
         value, _, why = best_at(0, first, then)
@@ -306,7 +317,8 @@ def record(s, result):
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
                   gain=r.judged.gain, noise_sd=r.noise_sd,
-                  cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run, **r.fields)
+                  cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run,
+                  hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
@@ -314,7 +326,7 @@ def record(s, result):
         snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
     s.history.append(event)
     search.tell(s, event)                   # the study (a cache of the events) learns of it, whoever proposed it
-    holdout.prune_artifacts(s.home, (0, s.best_event["n"]), len(s.history))
+    holdout.prune_artifacts(s.home, (0, ledger.baseline_of(s.history)["n"], s.best_event["n"]), len(s.history))
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
@@ -365,10 +377,23 @@ def keep(s, event):
     s.best_commit, s.best_metric = event["full_commit"], event["metric"]
 
 
+def baseline_commit(s):
+    """(n, commit) of the baseline to measure now (Session.baseline_due): experiment 0 is the branch start itself; a
+    re-baseline on new hardware (--new-hardware) commits the best's train.py unchanged as the next experiment, its own
+    commit, so that the new hardware's runs (what candidates pair with, their curves) never mix with the old best's."""
+    if s.next_n == 0:
+        make_candidate_ref(s, 0, s.best_commit)
+        return 0, s.best_commit
+    n = s.next_n
+    return n, commit(s, n, best_source(s), f"baseline on new hardware ({hardware.words(s.hardware)})", same=True)
+
+
 def record_baseline(s, outcomes, t0, spend0):
-    """Experiment 0 from its runs (the unmodified train.py, --baseline-runs seeds): their mean is the first best,
-    their sd the noise floor (s.rule's), the mean of their speed probes the conditions the wall-time allowance is
-    scaled from. Raises Stop when a run crashed (nothing to improve on) or the cluster could not run it."""
+    """The baseline from its runs (the unmodified train.py, --baseline-runs seeds; baseline_commit's experiment):
+    their mean is the best, their sd the noise floor (s.rule's), the mean of their speed probes the conditions the
+    wall-time allowance is scaled from. A re-baseline on new hardware (n > 0, `rebaseline` in its event) is a keep:
+    the branch moves to its commit, and the tag's rule settings stay the first baseline's. Raises Stop when a run
+    crashed (nothing to improve on) or the cluster could not run it."""
     for outcome in outcomes:
         if outcome.kind in (Kind.LOST, Kind.NODE):              # the cluster, not train.py
             raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
@@ -383,13 +408,17 @@ def record_baseline(s, outcomes, t0, spend0):
     floor, floor_source = verdict.sd_floor(s.metric, runs, outcomes[-1].eval_summary, s.sd_floor_declared)
     probes = [outcome.probe_s for outcome in outcomes if outcome.probe_s]
     judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
-    rule = s.rule
-    record(s, Result(0, outcomes[-1], judged, "baseline", time.monotonic() - t0, s.spend - spend0, noise_sd=noise_sd,
+    rule, n = s.rule, s.next_n
+    again = dict(rebaseline=True) if n else {}     # built on the best; no base_metric: another machine measured it
+    record(s, Result(n, outcomes[-1], judged, "baseline on new hardware" if n else "baseline", time.monotonic() - t0,
+                     s.spend - spend0, noise_sd=noise_sd, base=s.best_commit if n else None,
                      fields=dict(confirm=rule.confirm, margin=rule.margin_flag,     # the tag's rule from now on
                                  verdict="paired" if rule.paired else "margin",
                                  false_keep=rule.false_keep if rule.paired else None, seed_base=s.seed_base,
                                  sd_floor=floor, floor_source=floor_source,
-                                 base_probe_s=statistics.fmean(probes) if probes else None)))
+                                 base_probe_s=statistics.fmean(probes) if probes else None, **again)))
+    if n:
+        keep(s, s.history[-1])
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
     s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], paired=rule.paired,
                              false_keep=rule.false_keep)
@@ -421,7 +450,7 @@ def max_wall(s):
     (--devices cpu:K: K runs import and compile at once; else 1). None before the baseline is measured."""
     if not s.history:
         return None
-    base = s.history[0]
+    base = ledger.baseline_of(s.history)            # this hardware's
     return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
                                 s.pool.cpu_workers if s.pool else 1)
 
@@ -429,7 +458,7 @@ def max_wall(s):
 def holdout_line(s):
     """The end-of-run holdout line (harness.holdout.holdout_summary), or why it was not measured. Announced first,
     with the time two evaluations took in this tag (it can take minutes, after the stop line)."""
-    took = [e.get("eval_seconds") for e in (s.history[0], s.best_event)]
+    took = [e.get("eval_seconds") for e in (ledger.baseline_of(s.history), s.best_event)]
     console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
                 (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
     try:

@@ -8,7 +8,7 @@ The verdict block it prints is key: value lines between '---' lines, like train.
 
 import time
 
-from harness import console, experiment, outer
+from harness import console, experiment, ledger, outer
 from harness.curves import Cancel
 from harness.errors import SetupError
 from harness.edits import EditError, clean_description
@@ -27,11 +27,10 @@ def try_one(s):
     a, train_path = s.settings, s.target / "train.py"
     if a.sync:
         return sync_checkout(s)
-    if a.baseline:                      # open_session checked that there is none yet and train.py is committed
-        t0, spend0 = time.monotonic(), s.spend
-        experiment.make_candidate_ref(s, 0, s.best_commit)
-        s.status(0, f"baseline: {a.baseline_runs} run(s)")
-        outcomes = [experiment.train(s, 0, 0, s.best_commit, run=run) for run in range(a.baseline_runs)]
+    if a.baseline:                      # open_session checked that one is due (none yet, or --new-hardware's)
+        t0, spend0, (n, sha) = time.monotonic(), s.spend, experiment.baseline_commit(s)
+        s.status(n, f"baseline: {a.baseline_runs} run(s)")
+        outcomes = [experiment.train(s, n, 0, sha, run=run) for run in range(a.baseline_runs)]
         experiment.record_baseline(s, outcomes, t0, spend0)
         return verdict(s, s.history[-1], None)
     check_based_on_best(s)
@@ -157,7 +156,7 @@ def verdict(s, event, result, synced=True):
                                                                         "combining with another idea)" if near else "")),
              (s.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
               f"- ({Cancel(**event['cancelled']).words()})")]
-    if event["n"] > 0 and measured:
+    if event["n"] > 0 and measured and event.get("base_metric") is not None:
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
     runs = event.get("runs") or []
@@ -178,7 +177,8 @@ def verdict(s, event, result, synced=True):
     if (allowance := experiment.max_wall(s)) is not None and not allowance.meaningful():
         lines.append(("wall_time", allowance.words()))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
-              ("baseline", f"{s.history[0]['metric']:.6f}"),
+              ("baseline", f"{ledger.baseline_of(s.history)['metric']:.6f}"
+                           + (f" (on this hardware, epoch {s.hardware_epoch})" if s.hardware_epoch > 1 else "")),
               ("commit", f"{event['commit']} ({event['description']})"),
               ("branch", f"{s.branch} at {s.best_commit[:7]}"),
               ("train.py", f"your checkout's train.py is the best's ({s.best_commit[:7]}): edit it for the next idea"

@@ -121,10 +121,11 @@ def lock_repo(repo):
     return lock
 
 
-def commit_file(repo, rel, message, amend=False):
+def commit_file(repo, rel, message, amend=False, allow_empty=False):
     """Commit only `rel` (`git commit --only -- rel`, so nothing else can enter the commit) with this message, or
-    amend HEAD with it. Hooks run; a blocking hook raises Stop with its output. Returns the full sha."""
-    argv = ["-q", "--no-edit", "--amend"] if amend else ["-q"]
+    amend HEAD with it; allow_empty: even when `rel` is unchanged (a re-baseline). Hooks run; a blocking hook raises
+    Stop with its output. Returns the full sha."""
+    argv = (["-q", "--no-edit", "--amend"] if amend else ["-q"]) + (["--allow-empty"] if allow_empty else [])
     try:
         repo.git.commit(*argv, "-m", message, "--only", "--", rel)
     except git.GitCommandError as e:

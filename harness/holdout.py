@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from harness.errors import SetupError
+from harness.ledger import baseline_of
 from harness.target import score_holdout
 
 
@@ -54,16 +55,17 @@ def pinned_env(all_events, tag):
 def holdout_summary(home, history, metric, goal, env=None):
     """One line comparing the gain the search reported on its own split with the gain on the hidden holdout split:
     the baseline's and the best's saved artifacts re-scored there (target.score_holdout). history: the tag's
-    "experiment" events; env: the variables pinned at tag start (pinned_env). Raises SetupError when it cannot be
+    "experiment" events (the baseline is its latest, ledger.baseline_of: the current hardware's); env: the variables
+    pinned at tag start (pinned_env). Raises SetupError when it cannot be
     measured (no artifacts, no holdout)."""
-    best = [e for e in history if e["status"] == "keep"][-1]
-    found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (history[0], best)]
+    best, first = [e for e in history if e["status"] == "keep"][-1], baseline_of(history)   # this hardware's
+    found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (first, best)]
     if None in found:
-        raise SetupError(f"no saved model artifact of experiment #{history[0]['n'] if found[0] is None else best['n']} "
+        raise SetupError(f"no saved model artifact of experiment #{first['n'] if found[0] is None else best['n']} "
                          f"in {Path(home) / 'artifacts'} (runs before artifacts were kept, or a target without a "
                          "separate evaluation)")
     base, top = (score_holdout(Path(home) / "frozen", path, metric, env=env) for path in found)
     sign = 1 if goal == "min" else -1
     return (f"holdout      baseline {base:.6f}, best #{best['n']} {top:.6f}: gain {sign * (base - top):+.6f} on the "
-            f"holdout the search never saw, {sign * (history[0]['metric'] - best['metric']):+.6f} reported on "
+            f"holdout the search never saw, {sign * (first['metric'] - best['metric']):+.6f} reported on "
             f"{metric}'s own split")

@@ -58,10 +58,28 @@ def smoke_label(budget):
     return f"[budget {budget:g}s] "
 
 
+# A row measured on the tag's k-th hardware (k >= 2: `--new-hardware`, harness.hardware) is labelled after any smoke
+# label, e.g. "[hw2] baseline on new hardware": its number is not comparable with the rows before its epoch.
+HW_LABEL = re.compile(r"^(?:\[budget [^\]]*\]\s*)?\[hw(\d+)\]\s*")
+
+
+def hw_label(epoch):
+    """The label of a row of hardware epoch `epoch`: "" for the first, "[hw2] " for the second, ..."""
+    return f"[hw{epoch}] " if (epoch or 1) > 1 else ""
+
+
+def epoch_of_row(description):
+    """The hardware epoch a results.tsv row's description says (its HW_LABEL), 1 without one."""
+    found = HW_LABEL.match(description)
+    return int(found.group(1)) if found else 1
+
+
 def results_row(event):
     """karpathy's 5 columns from an "experiment" event: 7-char commit, metric (6 decimals), memory_gb
-    (1 decimal), status, description (with smoke_label first for an event with smoke=True)."""
+    (1 decimal), status, description (with smoke_label first for an event with smoke=True, then hw_label of its
+    hardware_epoch)."""
     label = smoke_label(event["budget_s"]) if event.get("smoke") else ""
+    label += hw_label(event.get("hardware_epoch"))
     return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
             f"{label}{event['description']}")
 
@@ -425,6 +443,30 @@ def tag_state(all_events, tag):
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
                     stale_runs=stale, rule=rule)
+
+
+def is_baseline(e):
+    """Whether an "experiment" event measured a baseline: experiment 0, or a re-baseline on new hardware
+    (`--new-hardware`: the best's train.py re-run --baseline-runs times, `rebaseline` in its event)."""
+    return e.get("n") == 0 or bool(e.get("rebaseline"))
+
+
+def baseline_of(history):
+    """The baseline the tag's verdicts use now: the latest is_baseline event of `history` (a tag's experiment events,
+    in order), None before there is one. Its runs' sd is the noise floor, its wall time the allowance's overhead, its
+    curves the early-cancel reference, its mean report.py's baseline; a tag's rule settings stay its first's."""
+    return next((e for e in reversed(history) if is_baseline(e)), None)
+
+
+def since_baseline(history):
+    """The experiments after the current baseline (baseline_of): those measured on the same hardware epoch."""
+    base = baseline_of(history)
+    return history[history.index(base) + 1:] if base is not None else []
+
+
+def hardware_events(all_events, tag):
+    """The tag's "hardware" events (harness.hardware fingerprints), in order; the last one is the current epoch."""
+    return [e for e in all_events if e.get("tag") == tag and e.get("event") == "hardware"]
 
 
 def run_key(e):

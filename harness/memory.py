@@ -17,7 +17,7 @@ import math
 import re
 
 from harness import gitops
-from harness.ledger import has_metric
+from harness.ledger import has_metric, is_baseline
 from harness.runner import Kind
 
 KINDS = {kind.value: kind for kind in Kind}
@@ -211,10 +211,10 @@ def families_of(source):
 
 def change_at(s, e):
     """The Change of experiment event e (its "moves"/"families" fields when recorded, else from git: its base's
-    train.py to its commit's); an empty Change for the baseline or when git cannot read it."""
+    train.py to its commit's); an empty Change for a baseline (a new hardware's too) or when git cannot read it."""
     cache = s.changes
     if e["n"] not in cache:
-        if e["n"] == 0 or not e.get("base") or not e.get("full_commit"):
+        if is_baseline(e) or not e.get("base") or not e.get("full_commit"):
             cache[e["n"]] = Change()
         else:
             try:

@@ -105,6 +105,8 @@ class Outcome:
     tampered: list = dataclasses.field(default_factory=list)
     own_metric: float | None = None         # what train.py printed itself (None: nothing, or not a number)
     summary: dict = dataclasses.field(default_factory=dict)   # train.py's summary block, {key: text}
+    hardware_mismatch: str | None = None    # what the summary's device/threads say against the tag's fingerprint
+    #                                         (harness.hardware.summary_mismatch; set by experiment.train)
     eval_seconds: float = 0.0
     reported_memory_gb: float = 0.0         # what the summary says (peak_vram_mb or peak_rss_mb): information only
     memory_source: str = ""                 # what memory_gb measured: "gpu" (NVML per process), "rss" (the tree's)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import git
 
-from harness import (checks, console, curves, dashboard, gitops, ledger, memory, prompts, runner, sandbox,
-                     tracking)
+from harness import (checks, console, curves, dashboard, gitops, hardware, ledger, memory, prompts, runner,
+                     sandbox, tracking)
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -99,11 +99,22 @@ class Session:
     #                                     run with a metric (the best's runs the paired rule pairs with)
     curves: dict = dataclasses.field(default_factory=dict)     # commit[:7] -> {seed: curves.Curve} of its runs
     #                                     with a metric (what a candidate's first run is held to: harness.curves)
+    hardware: dict = None               # this invocation's fingerprint (harness.hardware.measure); None: not measured
+    hardware_epoch: int = 1             # the tag's current hardware epoch (its latest "hardware" event's; 2, 3, ...
+    #                                     after each --new-hardware): every experiment event carries it
+    deferred: list = dataclasses.field(default_factory=list)   # [(event, fields)] logged right after "start"
 
     @property
     def best_event(self):
         """The "experiment" event of the best commit (the last keep), or None before the baseline."""
         return next((e for e in reversed(self.history) if e["status"] == "keep"), None)
+
+    @property
+    def baseline_due(self):
+        """Whether a baseline is measured before any candidate: the tag has none yet, or its current hardware epoch
+        (--new-hardware) has none (a kill before it was recorded leaves it due)."""
+        base = ledger.baseline_of(self.history)
+        return base is None or base.get("hardware_epoch", 1) < self.hardware_epoch
 
     @property
     def next_n(self):
@@ -114,9 +125,12 @@ class Session:
         """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
         path = self.target / ledger.EVENTS
         with self.lock:
-            if self.start is not None and event != "start":
-                start, self.start = self.start, None
-                self.log("start", **start)
+            if event != "start" and (self.start is not None or self.deferred):
+                start, self.start, deferred, self.deferred = self.start, None, self.deferred, []
+                if start is not None:
+                    self.log("start", **start)
+                for name, held in deferred:
+                    self.log(name, **held)
             ledger.check_size(path, self.events_size)
             record = ledger.log_event(path, self.settings.tag, event, **fields)
             try:
@@ -275,6 +289,7 @@ def open_session(settings):
                      if e.get("tag") == settings.tag and e.get("event") == "synced"), None)
     claim_home(s)
     frozen_side(s, all_events, constants)
+    hardware_side(s, all_events)
     restore_outputs(s, all_events)
     measured_runs(s, all_events)
     s.tracking = tracking.start(s)
@@ -293,10 +308,10 @@ def new_session(settings, target, constants, state):
                 smoke=budget != float(constants["TIME_BUDGET"]), sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
                 speed_probe=constants.get("SPEED_PROBE") is True,
                 timeout=settings.timeout or default_timeout(budget),
-                rule=rule_of(constants["METRIC_GOAL"], baseline=history[0] if history else None,
+                rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
                              runs=settings.baseline_runs, **tag_rule(settings, state)),
                 best_commit="", best_metric=kept[-1]["metric"] if kept else None,
-                baseline_metric=history[0]["metric"] if history else None, history=history,
+                baseline_metric=(ledger.baseline_of(history) or {}).get("metric"), history=history,
                 home=gitops.harness_dir(repo, settings.tag),
                 spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
@@ -402,6 +417,36 @@ def frozen_side(s, all_events, constants):
     if "METRIC_TOLERANCE" in constants:
         s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
         s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
+
+
+def hardware_side(s, all_events):
+    """The comparability fingerprint (harness.hardware) of this invocation's runs: recorded as the tag's epoch 1 when
+    it starts (or first resumes, for a tag from before fingerprints), else compared with the tag's latest. A
+    difference is refused (checks.same_hardware) unless --new-hardware, which opens the next epoch: its baseline is
+    measured before any candidate (Session.baseline_due). Before any experiment a difference just replaces the
+    fingerprint. The event is logged with this invocation's first one (a refused `try` logs nothing); `try --sync`
+    measures nothing."""
+    a = s.settings
+    if a.command == "try" and a.sync:
+        return
+    s.hardware = hardware.measure(a.device_list, a.ray is not None, (s.evaluation or {}).get("digest"))
+    recorded = ledger.hardware_events(all_events, a.tag)
+    last = recorded[-1] if recorded else None
+    s.hardware_epoch = last.get("epoch", 1) if last else 1
+    changed = hardware.differences(last, s.hardware) if last else []
+    if changed and s.history:
+        checks.same_hardware(s, last, changed)          # refused unless --new-hardware
+        s.hardware_epoch += 1
+        console.say(f"--new-hardware: tag {a.tag!r} continues on {hardware.words(s.hardware)} as hardware epoch "
+                    f"{s.hardware_epoch} ({'; '.join(changed)}): a new baseline is measured first, and its rows "
+                    f"are marked {ledger.hw_label(s.hardware_epoch).strip()}")
+    elif a.new_hardware and last is not None:
+        console.say(f"--new-hardware: this machine matches tag {a.tag!r}'s fingerprint (hardware epoch "
+                    f"{s.hardware_epoch}: {hardware.words(s.hardware)}); nothing to re-measure for it")
+    if last is None or changed:
+        s.deferred.append(("hardware", dict(epoch=s.hardware_epoch, digest=hardware.digest_of(s.hardware),
+                                            **s.hardware)))
+    checks.try_baseline_due(s, describe)
 
 
 def restore_outputs(s, all_events):

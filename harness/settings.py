@@ -43,6 +43,8 @@ class Settings:
     false_keep: float | None            # --false-keep-rate of the paired rule (None: the tag's, or FALSE_KEEP)
     source: str | None                  # local files to prepare the data from when none is prepared
     cancel: str = "on"                  # --cancel on | off: stop a candidate's first run whose curve is behind
+    new_hardware: bool = False          # --new-hardware: the tag's fingerprint (harness.hardware) differs here:
+                                        # measure a new baseline on this hardware before any new candidate
     proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
     llm: str | None = None              # the LLM provider of anthropic | openai | hybrid (from the keys present)
     sampler: str = "tpe"                # --sampler of --proposer hybrid
@@ -202,6 +204,9 @@ def parse_try_args(argv):
     check_common(p, args)
     if args.fix and args.message is None:
         p.error("--fix needs -m \"<what you fixed>\"")
+    if args.new_hardware and not args.baseline:
+        p.error(f"--new-hardware measures a new baseline: `agent.py try --tag {args.tag} --baseline --new-hardware` "
+                "first, then -m as usual")
     if args.message is not None and not clean_description(args.message):
         p.error("-m: describe the idea in a few words")
     args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
@@ -238,6 +243,11 @@ def add_common_flags(p):
                    f"{1 / FALSE_KEEP:.0f}). Fixed for a tag when its baseline is recorded")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
+    p.add_argument("--new-hardware", action="store_true", help="resume a tag whose hardware or software (GPU, CPU, "
+                   "threads, torch, CUDA: its fingerprint, recorded when it started) differs here: a new baseline "
+                   "(the best's train.py, --baseline-runs times) is measured here before anything else, and every "
+                   "later row is marked [hwN] (report.py keeps the hardware apart). `try`: with --baseline. Without "
+                   "it such a resume is refused, naming the differences")
     p.add_argument("--cancel", choices=("on", "off"), default="on", help="on (default): stop a candidate's first run "
                    f"early, a discard, when its loss at the same progress is more than {curves.K:g} noise sds behind "
                    f"the best's at {curves.CONSECUTIVE} checkpoints in a row from {100 * curves.WARMUP:g} %% of the "
