@@ -160,6 +160,7 @@ def gather(run, report, live=False, stale_s=3600.0):
                       "t": number(e.get("t"), 3), "memory_gb": number(e.get("memory_gb"), 1),
                       "tokens_per_sec": number(e.get("tokens_per_sec"), 0), "cost": number(e.get("cost_usd"), 4),
                       "smoke": report.is_smoke(row), "cancelled": bool(e.get("cancelled")),
+                      "epoch": report.epoch_of_row(row.description),
                       "tail": text(tails.get(row.commit))[-4000:]})
     detailed = {t["commit"] for t in table[-DETAILED:]} | {t["commit"] for t in table if t["status"] == "keep"}
     for t in table:
@@ -212,6 +213,7 @@ def gather(run, report, live=False, stale_s=3600.0):
         "baseline": table[0]["commit"] if table else None,
         "best": best_row["commit"] if best_row else None,
         "skipped": len(run.skipped),
+        "epochs": len(epochs),
     }
 
 
@@ -323,7 +325,9 @@ function render() {
     const tr = el("tr", null, "row" + (s.n === r.i ? " open" : ""));
     tr.dataset.i = r.i;
     const better = r.delta === null ? "" : ((D.goal === "min") === (r.delta < 0) ? "better" : "worse");
-    const cells = [[r.n, "num"], [r.status + (r.cancelled ? " (cancelled)" : "") + (r.smoke ? " smoke" : ""), r.status],
+    const shownStatus = r.status + (r.cancelled ? " (cancelled)" : "") + (r.smoke ? " smoke" : "")
+                        + (D.epochs > 1 ? " hw" + r.epoch : "");
+    const cells = [[r.n, "num"], [shownStatus, r.status],
                    [fmt(r.metric), "num"], [signed(r.delta), "num " + better],
                    [r.runs.length ? r.runs.length : "-", "num"], [fmt(D.margin), "num"],
                    [r.wall === null ? "-" : fmt(r.wall, 0) + " s", "num"], [r.by || "-", ""], [r.idea, "idea"]];
@@ -496,9 +500,11 @@ def write(run, path, report, live=False, stale_s=3600.0):
     """Gather run's data, draw its progress plot and write the page at path atomically. Returns the Path."""
     data = gather(run, report, live=live, stale_s=stale_s)
     rows = [r for r in run.rows if not report.is_smoke(r)] or run.rows
+    epochs = report.epochs_of(run, rows)                # the plot, as the summary: the latest hardware's rows
     buf = io.BytesIO()
     rule = report.rule_of(run) if run.events else None
-    report.plot_progress(rows, run.metric_name, run.goal, buf, title=run.title, rule=rule)
+    report.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
+                         title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
     return write_atomic(path, render(data, buf.getvalue()))
 
 

@@ -17,7 +17,7 @@ import pytest
 import agent
 import report
 from agent_target import STRICT
-from helpers import LOWER_LR, RAISE_LR, events, rows, run_agent, sha
+from helpers import LOWER_LR, RAISE_LR, events, page_data, rows, run_agent, sha
 from llm_server import ScriptedLLM
 from harness import hardware
 from harness.settings import THREADS
@@ -108,6 +108,9 @@ def test_resume_on_other_hardware_refused_then_new_hardware_rebaselines(target, 
     assert f"hardware 2   the figures above: measured on {hardware.words(hardware.measure())}" in out
     run = report.load_run(target)
     assert [(e.number, len(e.rows)) for e in report.epochs_of(run)] == [(1, 2), (2, 2)]
+    page = page_data(target / "dashboard.html")             # the loop's page keeps them apart too
+    assert page["epochs"] == 2 and [r["epoch"] for r in page["rows"]] == [1, 1, 2, 2]
+    assert "baseline     1.008000" in page["summary"] and any(line.startswith("hardware 1 ") for line in page["lines"])
 
     # --new-hardware on the same hardware: a note, nothing else (the limit is reached)
     with ScriptedLLM([]) as llm:
