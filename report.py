@@ -175,8 +175,8 @@ class EventStats:
 def event_stats(events, tag=None):
     """Totals over the experiment events (of one tag when given); a field an event lacks counts as 0."""
     exps = experiment_events(events, tag)
-    def total(key):
-        return sum(e.get(key) or 0 for e in exps)
+    def total(key):             # a hand-edited event's string, nan or list counts as 0 too
+        return sum(v for e in exps if isinstance(v := e.get(key), (int, float)) and math.isfinite(v))
     return EventStats(experiments=len(exps), wall_seconds=total("wall_seconds"), train_seconds=total("train_seconds"),
                       llm_seconds=total("llm_seconds"), input_tokens=int(total("input_tokens")),
                       output_tokens=int(total("output_tokens")), cost_usd=total("cost_usd"))
@@ -307,11 +307,26 @@ def format_events(st):
 # Plot
 # ---------------------------------------------------------------------------
 
+PLOTTABLE = 1e30       # a metric this far from 0 (a legacy target's own number, gone wild) sets no axis limit
+
+
+def plottable(row):
+    """A row whose metric may set the y axis: has_metric and within +-PLOTTABLE (a limit computed from 1e308
+    overflows)."""
+    return has_metric(row) and abs(row.metric) < PLOTTABLE
+
+
+def plain(text):
+    """text as a matplotlib label shows it: its dollar signs literal (matplotlib reads "$...$" as math, and a
+    description such as "lr $\\foo$" would make it raise)."""
+    return str(text).replace("$", "\\$")
+
+
 def _y_limits(rows, goal):
-    """Axis limits from the rows with a metric. Crashes (0.0) never count. A discard far on the bad side (a
-    diverged run) would flatten the kept curve, so the bad side is capped one kept span away."""
-    values = [r.metric for r in rows if has_metric(r)]
-    kept = [r.metric for r in rows if r.status == "keep" and has_metric(r)]
+    """Axis limits from the rows with a plottable metric. Crashes (0.0) never count. A discard far on the bad side
+    (a diverged run) would flatten the kept curve, so the bad side is capped one kept span away."""
+    values = [r.metric for r in rows if plottable(r)]
+    kept = [r.metric for r in rows if r.status == "keep" and plottable(r)]
     lo, hi = min(values), max(values)
     if kept:
         room = max(max(kept) - min(kept), 0.01 * abs(max(kept)), 1e-6)
@@ -355,17 +370,18 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
                 f"{c['discard']} discarded, {c['crash']} crashed")
     if s.best is not None and s.improvement_pct is not None:
         headline += f"\nbest {s.best:.6f} ({s.improvement_pct:+.2f}% vs baseline {s.baseline:.6f})"
-    ax.set_title(headline)
+    ax.set_title(plain(headline))
     ax.set_xlabel("experiment (0 = baseline)")
-    ax.set_ylabel(f"{metric_name} ({'lower' if goal == 'min' else 'higher'} is better)")
+    ax.set_ylabel(plain(f"{metric_name} ({'lower' if goal == 'min' else 'higher'} is better)"))
     ax.grid(alpha=0.3)
     ax.set_xlim(-0.5, max(len(rows) - 0.5, 0.5))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     edge = 0.97 if goal == "min" else 0.03   # the bad side of the y axis, in axes coordinates
     on_edge = ax.get_xaxis_transform()       # x in data, y in axes coordinates
     band, band_words = rule.band() if rule is not None else (0.0, "")
+    band = band if math.isfinite(band) and 0 <= band < PLOTTABLE else 0.0
 
-    if any(has_metric(r) for r in rows):
+    if any(plottable(r) for r in rows):
         lo, hi = _y_limits(rows, goal)
         lo, hi = (lo - band, hi) if goal == "min" else (lo, hi + band)      # room for the band
         ax.set_ylim(lo, hi)
@@ -396,7 +412,8 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
         right = max(len(rows) - 1, 1)
         for i, r in kept[-LABELS:]:   # labels lean inward near the right edge, so that none is cut off
             lean = i > 0.75 * right
-            ax.annotate(r.description[:32], (i, r.metric), xytext=(-4 if lean else 4, 5), textcoords="offset points",
+            ax.annotate(plain(r.description[:32]), (i, r.metric), xytext=(-4 if lean else 4, 5),
+                        textcoords="offset points",
                         fontsize=7, rotation=20, color="darkgreen", ha="right" if lean else "left",
                         annotation_clip=True)
     else:
@@ -426,14 +443,15 @@ def plot_curves(run, png, commits=None):
     for k, commit in enumerate(c for c in commits if c in found):
         for j, curve in enumerate(found[commit]):
             ax.plot([q.progress for q in curve.points], [q.loss for q in curve.points], color=f"C{k % 10}",
-                    linewidth=1.2, alpha=0.8, label=f"{commit} {words.get(commit, '')[:40]}" if j == 0 else None)
+                    linewidth=1.2, alpha=0.8,
+                    label=plain(f"{commit} {words.get(commit, '')[:40]}") if j == 0 else None)
     losses = sorted(q.loss for runs in found.values() for c in runs for q in c.points if q.progress >= 0.1)
     if losses:                          # the first steps' loss would flatten everything after them
         lo, hi = losses[0], losses[-1]
         ax.set_ylim(lo - 0.05 * (hi - lo or 1), hi + 0.05 * (hi - lo or 1))
     ax.set_xlabel("progress of the time budget")
     ax.set_ylabel("train loss (smoothed, as train.py prints it)")
-    ax.set_title(f"{run.title}: learning curves of {len(found)} experiment{'s' if len(found) > 1 else ''}")
+    ax.set_title(plain(f"{run.title}: learning curves of {len(found)} experiment{'s' * (len(found) > 1)}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     return save_figure(fig, png)
@@ -682,7 +700,12 @@ def main(argv=None):
                         rule=rule)
     print(f"\nwrote {png}")
     if args.html is not None:
-        print(f"wrote {dashboard.write(run, args.html or run.path.parent / dashboard.PAGE, sys.modules[__name__])}")
+        try:
+            print(f"wrote {dashboard.write(run, args.html or run.path.parent / dashboard.PAGE, sys.modules[__name__])}")
+        except OSError as e:
+            print(f"error: --html: cannot write the page ({e.strerror or e}: {e.filename}); pass another PATH",
+                  file=sys.stderr)
+            return 2
     return 0
 
 

@@ -186,7 +186,7 @@ def load(log):
     try:
         points = json.loads(path_of(log).read_text())["points"]
         return Curve(Point(*map(float_or_none, q)) for q in points)
-    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
 
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,19 +37,31 @@ CURVE_POINTS = 120          # points of one curve carried (a run prints a progre
 GRID = [round(0.01 * i, 2) for i in range(1, 101)]   # progress points of a mean curve and the baseline band
 
 
+BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")   # reorder what is shown
+
+
 def text(value):
     """value as text the page may carry: str() of it with control characters other than newline and tab replaced
-    by their Unicode control pictures (ESC -> U+241B), so that a log's escape codes show instead of vanishing."""
+    by their Unicode control pictures (ESC -> U+241B), so that a log's escape codes show instead of vanishing; the
+    bidirectional controls that reorder what a line shows ("Trojan Source") as <U+202E>; a lone surrogate as U+FFFD
+    (it cannot be written as UTF-8)."""
     value = "" if value is None else str(value)
-    return "".join(chr(0x2400 + ord(c)) if ord(c) < 32 and c not in "\n\t" else "\u2421" if c == "\x7f" else c
-                   for c in value)
+    value = value.encode("utf-8", "replace").decode("utf-8") if any("\ud800" <= c <= "\udfff" for c in value) \
+        else value
+    return "".join(chr(0x2400 + ord(c)) if ord(c) < 32 and c not in "\n\t" else "\u2421" if c == "\x7f"
+                   else f"<U+{ord(c):04X}>" if c in BIDI else c for c in value)
 
 
 def number(value, digits=6):
-    """A finite float rounded to `digits` decimals, else None (nan, inf and missing values have no place in JSON)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return round(float(value), digits)
-    return None
+    """A finite number rounded to `digits` decimals, else None (nan, inf, a string, a bool or a value too big for a
+    float have no place in the page's JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return round(value, digits) if math.isfinite(value) else None
 
 
 # ---------------------------------------------------------------------------
@@ -139,7 +152,8 @@ def gather(run, report, live=False, stale_s=3600.0):
     events = run.events or []
     smoke = [r for r in run.rows if report.is_smoke(r)]
     rows = [r for r in run.rows if not report.is_smoke(r)] or smoke
-    exps = {e["commit"]: e for e in report.experiment_events(events, run.tag)}
+    exps = {e["commit"]: e for e in report.experiment_events(events, run.tag)     # events as written; a hand-edited
+            if isinstance(e.get("commit"), str) and isinstance(e.get("full_commit", ""), str)}  # one may be odd
     epochs = report.epochs_of(run, rows)
     summary = report.summarize(epochs[-1].rows, run.metric_name, run.goal)   # one hardware's numbers
     rule = report.rule_of(run) if events else None
@@ -152,10 +166,13 @@ def gather(run, report, live=False, stale_s=3600.0):
         e = exps.get(row.commit, {})
         metric = number(row.metric) if report.has_metric(row) else None
         base_metric = number(e.get("base_metric"))
-        table.append({"i": i, "n": e.get("n", i), "commit": text(row.commit), "status": text(row.status),
+        runs = e.get("runs") if isinstance(e.get("runs"), list) else []
+        table.append({"i": i, "n": e["n"] if type(e.get("n")) is int else i, "commit": text(row.commit),
+                      "status": text(row.status),
                       "metric": metric, "delta": number(metric - base_metric) if None not in (metric, base_metric)
-                      and i else None, "runs": [number(m) for m in e.get("runs") or []],
-                      "wall": number(e.get("wall_seconds"), 1), "by": text(who.get(row.commit, e.get("proposer", ""))),
+                      and i else None, "runs": [number(m) for m in runs],
+                      "wall": number(e.get("wall_seconds"), 1),
+                      "by": text(who.get(row.commit, e.get("proposer", ""))),
                       "idea": text(row.description), "reason": text(e.get("reason")), "base": text(e.get("base"))[:7],
                       "t": number(e.get("t"), 3), "memory_gb": number(e.get("memory_gb"), 1),
                       "tokens_per_sec": number(e.get("tokens_per_sec"), 0), "cost": number(e.get("cost_usd"), 4),
@@ -247,6 +264,7 @@ function el(tag, text, cls) {
   if (cls) e.className = cls;
   return e;
 }
+function mine(table, key) { return Object.hasOwn(table, key) ? table[key] : undefined; }   // never a prototype's
 function fmt(x, d) { return x === null || x === undefined ? "-" : Number(x).toFixed(d === undefined ? 6 : d); }
 function signed(x) { return x === null || x === undefined ? "-" : (x > 0 ? "+" : "") + Number(x).toFixed(6); }
 function state() {
@@ -353,7 +371,7 @@ function svg(tag, attrs) {
   return e;
 }
 function curveView(r) {
-  const own = D.curves[r.commit], best = D.curves[r.base], base = D.curves[D.baseline];
+  const own = mine(D.curves, r.commit), best = mine(D.curves, r.base), base = mine(D.curves, D.baseline);
   if (!own && !best && !base) return el("p", "no learning curve: train.py printed no progress lines, or the run is "
                                         + "not among those whose curves the page carries", "muted");
   const W = 680, H = 280, L = 56, R = 12, T = 12, B = 34;
@@ -427,7 +445,7 @@ function detail(r) {
   box.append(el("h2", "learning curve"));
   box.append(curveView(r));
   box.append(el("h2", "diff against its base"));
-  const d = D.diffs[r.commit];
+  const d = mine(D.diffs, r.commit);
   box.append(d === undefined ? el("p", "no diff: no event names its base", "muted")
              : d === "" ? el("p", "train.py unchanged from its base", "muted") : diffView(d));
   if (r.tail) { box.append(el("h2", "log tail")); box.append(el("pre", r.tail)); }
@@ -481,18 +499,20 @@ def render(data, png=None):
 
 
 def write_atomic(path, content):
-    """Write content to path through a temporary file in the same folder and os.replace: a reader sees the old page
-    or the new one, never half of one; the temporary file is removed on any failure."""
+    """Write content to path through a new temporary file in the same folder (a random name, created exclusively:
+    nothing planted at its name is written through) and os.replace: a reader sees the old page or the new one,
+    never half of one; a symlink at path is replaced, not followed; the temporary file is removed on any failure."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                            # mkstemp's 0600 would hide the page from a web server
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
     return path
 
 
@@ -502,10 +522,14 @@ def write(run, path, report, live=False, stale_s=3600.0):
     rows = [r for r in run.rows if not report.is_smoke(r)] or run.rows
     epochs = report.epochs_of(run, rows)                # the plot, as the summary: the latest hardware's rows
     buf = io.BytesIO()
-    rule = report.rule_of(run) if run.events else None
-    report.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
-                         title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
-    return write_atomic(path, render(data, buf.getvalue()))
+    try:
+        rule = report.rule_of(run) if run.events else None
+        report.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
+                             title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
+    except Exception as e:  # noqa: BLE001  (numbers matplotlib cannot draw: the page without its plot)
+        data["lines"].append(text(f"progress plot not drawn ({type(e).__name__}: {str(e)[:200]})"))
+        buf = None
+    return write_atomic(path, render(data, buf.getvalue() if buf else None))
 
 
 def refresh(s, live=True):

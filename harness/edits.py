@@ -12,7 +12,7 @@ import re
 import tokenize
 from pathlib import Path
 
-from harness.ledger import SMOKE_LABEL
+from harness.ledger import LABELS
 
 MARKERS = ("<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE")   # each alone on its line (trailing blanks allowed)
 MAX_ANSWER_CHARS = 200_000       # an answer may rewrite train.py (~30 KB) several times over, not flood the parser
@@ -137,6 +137,7 @@ def fingerprint(source):
 def clean_description(text):
     """One line of printable text, at most 200 characters: safe for a results.tsv cell, a commit subject and a
     terminal. Control characters (NUL, which git refuses; ESC and BEL, which drive terminals; C1 codes) become
-    spaces, and runs of whitespace (tabs, newlines) one space."""
+    spaces, and runs of whitespace (tabs, newlines) one space. Leading labels only the harness writes ("[budget
+    10s]", "[hw2]", any number of them) are removed: a description cannot pass for a smoke row or another hardware's."""
     text = "".join(c if c.isprintable() else " " for c in text)
-    return SMOKE_LABEL.sub("", " ".join(text.split()))[:200]   # that label is the harness's (smoke runs)
+    return LABELS.sub("", " ".join(text.split()))[:200]

@@ -61,6 +61,7 @@ def smoke_label(budget):
 # A row measured on the tag's k-th hardware (k >= 2: `--new-hardware`, harness.hardware) is labelled after any smoke
 # label, e.g. "[hw2] baseline on new hardware": its number is not comparable with the rows before its epoch.
 HW_LABEL = re.compile(r"^(?:\[budget [^\]]*\]\s*)?\[hw(\d+)\]\s*")
+LABELS = re.compile(r"^(?:\[(?:budget [^\]]*|hw\d+)\]\s*)+")    # every label the harness writes, however many
 
 
 def hw_label(epoch):

@@ -208,3 +208,31 @@ def test_the_loop_writes_a_live_page_that_stops_reloading_when_stale(tmp_path):
     (target / "results.tsv").write_text("not a results file\n")                   # a failure is one warning
     dashboard.refresh(s, live=True)
     assert s.dashboard_warned and not page_data(target / dashboard.PAGE)["live"]     # the last good page stays
+
+
+def test_what_a_hostile_review_broke_now_renders(tmp_path):
+    """Each of these stopped report.py or froze the page once: a matplotlib math string in a kept description, a
+    metric far beyond any axis, bidi controls in a diff, a commit named like a JS prototype property, labels only
+    the harness may write, a symlink planted at the temporary file's old name."""
+    target = planted_run(tmp_path)
+    lines = (target / "results.tsv").read_text().splitlines()
+    lines[2] = lines[2].replace("raise LR to 0.02", r"lr $\foo$ warmup")             # the keep's label
+    lines.append("constructor\t-1.79e308\t1.0\tdiscard\tdiverged \u202eevil\u202c")
+    (target / "results.tsv").write_text("\n".join(lines) + "\n")
+    assert report.main([str(target), "--html"]) == 0
+    data = page_data(target / dashboard.PAGE)
+    assert "progress plot not drawn" not in " ".join(data["lines"]) and 'id="progress"' in (
+        target / dashboard.PAGE).read_text()
+    assert data["rows"][-1]["idea"] == "diverged <U+202E>evil<U+202C>" and data["rows"][-1]["metric"] == -1.79e308
+    assert r"lr $\foo$ warmup" in data["rows"][1]["idea"]
+    dom = browse(target / dashboard.PAGE, "#n=4", tmp_path)
+    assert "#4 discard constructor" in dom and "no learning curve" in dom                  # not Object's constructor
+    from harness.edits import clean_description
+    assert clean_description("[budget 1s] [hw9][budget 2s] idea") == "idea" and clean_description("a [hw2]") == "a [hw2]"
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        (target / f".{dashboard.PAGE}.{pid}.tmp").symlink_to(victim)
+    dashboard.write_atomic(target / dashboard.PAGE, "page")
+    assert victim.read_text() == "precious" and (target / dashboard.PAGE).read_text() == "page"
+    assert report.main([str(target), "--html", str(tmp_path / "no" / "such" / "dir.html")]) == 2
