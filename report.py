@@ -543,14 +543,16 @@ def curves_of(run, commits=None):
     return found
 
 
-def rule_of(run):
+def rule_of(run, baseline=None):
     """The verdict rule the run's tag was judged by (harness.verdict.Rule): paired or margin, its flags fixed with its
-    baseline (ledger.tag_state), its noise and floor; None without events or from before they were logged."""
+    baseline (ledger.tag_state), its noise and floor from its current baseline (baseline: that of another of its
+    baselines' "experiment" event: an earlier hardware epoch's); None without events or from before they were
+    logged."""
     tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
     state = tag_state(run.events or [], tag)
     if state.rule is None:
         return None
-    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], baseline_of(state.history),
+    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], baseline or baseline_of(state.history),
                         paired=state.rule["verdict"] == "paired", false_keep=state.rule["false_keep"] or FALSE_KEEP)
 
 

@@ -99,7 +99,7 @@ def curve_points(log):
 
 def mean_band(runs):
     """[[progress, mean, sd], ...] of several curves ([[progress, loss], ...], linear between their points as
-    Curve.at is) on GRID where at least one has a value (sd 0 with one)."""
+    Curve.at is) on GRID where every one has a value (sd 0 with one)."""
     grid, rows = numpy.array(GRID), []
     for points in runs:
         p, loss = numpy.array(points, dtype=float).T
@@ -107,8 +107,8 @@ def mean_band(runs):
     values = numpy.array(rows)
     out = []
     for k, p in enumerate(GRID):
-        column = values[:, k][numpy.isfinite(values[:, k])]
-        if column.size:
+        column = values[:, k]
+        if numpy.isfinite(column).all():                # where every run has a value: no step where one ends
             sd = float(column.std(ddof=1)) if column.size > 1 else 0.0
             out.append([p, round(float(column.mean()), 5), round(sd, 5)])
     return out
@@ -175,6 +175,9 @@ def gather(run, report, live=False, stale_s=3600.0):
                       "by": text(who.get(row.commit, e.get("proposer", ""))),
                       "idea": text(row.description), "reason": text(e.get("reason")), "base": text(e.get("base"))[:7],
                       "t": number(e.get("t"), 3), "memory_gb": number(e.get("memory_gb"), 1),
+                      "best_runs": [number(m) for m in e["best_runs"]] if isinstance(e.get("best_runs"), list)
+                      else [], "gain": number(e.get("gain")),
+                      "remeasured": e["remeasured"] if type(e.get("remeasured")) is int else 0,
                       "tokens_per_sec": number(e.get("tokens_per_sec"), 0), "cost": number(e.get("cost_usd"), 4),
                       "smoke": report.is_smoke(row), "cancelled": bool(e.get("cancelled")),
                       "epoch": report.epoch_of_row(row.description),
@@ -182,7 +185,10 @@ def gather(run, report, live=False, stale_s=3600.0):
     detailed = {t["commit"] for t in table[-DETAILED:]} | {t["commit"] for t in table if t["status"] == "keep"}
     for t in table:
         t["detail"] = t["commit"] in detailed
-    bases = {t["base"] for t in table if t["detail"]} | ({table[0]["commit"]} if table else set())
+    firsts = {k.number: k.rows[0].commit for k in epochs if k.rows}        # each hardware epoch's baseline
+    bases = {t["base"] for t in table if t["detail"]} | set(firsts.values())
+    margins = {k: number(r.margin) for k, c in firsts.items() if (r := report.rule_of(run, exps.get(c)) if events
+                                                                  and exps.get(c) else None) is not None}
     curve_data = {}
     for commit, logs in report.curve_logs(run, detailed | bases).items():
         if found := [points for log in logs if (points := curve_points(log))]:
@@ -216,7 +222,7 @@ def gather(run, report, live=False, stale_s=3600.0):
         "confidence": (number(summary.improvement / noise_sd, 2) if noise_sd and summary.improvement is not None
                        else None),
         "rule": text(rule.words(run.metric_name)) if rule else None,
-        "margin": number(rule.margin) if rule else None,
+        "margins": margins,
         "throughput": [text(x) for x in report.throughput_of(run)],
         "spend": ({"input_tokens": stats.input_tokens, "output_tokens": stats.output_tokens,
                    "cost_usd": number(stats.cost_usd, 4),
@@ -225,9 +231,9 @@ def gather(run, report, live=False, stale_s=3600.0):
         "holdout": text(holdout.removeprefix("holdout").lstrip(": ")) if holdout else None,
         "lines": [text(x) for x in lines],
         "kept": [{"commit": text(k["commit"]), "metric": number(k["metric"]), "gain": number(k["gain"]),
-                  "description": text(k["description"])} for k in report.kept_table(rows, run.goal)],
+                  "description": text(k["description"])} for k in report.kept_table(epochs[-1].rows, run.goal)],
         "rows": table, "curves": curve_data, "diffs": diffs,
-        "baseline": table[0]["commit"] if table else None,
+        "baselines": firsts,
         "best": best_row["commit"] if best_row else None,
         "skipped": len(run.skipped),
         "epochs": len(epochs),
@@ -347,7 +353,7 @@ function render() {
                         + (D.epochs > 1 ? " hw" + r.epoch : "");
     const cells = [[r.n, "num"], [shownStatus, r.status],
                    [fmt(r.metric), "num"], [signed(r.delta), "num " + better],
-                   [r.runs.length ? r.runs.length : "-", "num"], [fmt(D.margin), "num"],
+                   [r.runs.length ? r.runs.length : "-", "num"], [fmt(mine(D.margins, r.epoch)), "num"],
                    [r.wall === null ? "-" : fmt(r.wall, 0) + " s", "num"], [r.by || "-", ""], [r.idea, "idea"]];
     for (const [v, cls] of cells) tr.append(el("td", v, cls));
     tr.addEventListener("click", () => setState({...state(), n: state().n === r.i ? null : r.i}));
@@ -371,7 +377,8 @@ function svg(tag, attrs) {
   return e;
 }
 function curveView(r) {
-  const own = mine(D.curves, r.commit), best = mine(D.curves, r.base), base = mine(D.curves, D.baseline);
+  const own = mine(D.curves, r.commit), best = mine(D.curves, r.base);
+  const base = mine(D.curves, mine(D.baselines, r.epoch));          // the baseline of the row's hardware epoch
   if (!own && !best && !base) return el("p", "no learning curve: train.py printed no progress lines, or the run is "
                                         + "not among those whose curves the page carries", "muted");
   const W = 680, H = 280, L = 56, R = 12, T = 12, B = 34;
@@ -382,9 +389,12 @@ function curveView(r) {
   const lo = ys.length ? ys[Math.floor(ys.length * 0.02)] : 0, hi = ys.length ? ys[Math.ceil(ys.length * 0.98) - 1] : 1;
   const pad = (hi - lo) * 0.08 || 0.01;
   const y0 = lo - pad, y1 = hi + pad;
-  const X = p => L + p * (W - L - R), Y = v => T + (1 - (Math.min(Math.max(v, y0), y1) - y0) / (y1 - y0)) * (H - T - B);
+  const X = p => L + p * (W - L - R), Y = v => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
   const g = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, id: "curve"});
   g.append(svg("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fff", stroke: "#ccc"}));
+  const clip = svg("clipPath", {id: "plotarea"});                   // a line leaving the axes is cut, not flattened
+  clip.append(svg("rect", {x: L, y: T, width: W - L - R, height: H - T - B}));
+  g.append(clip);
   for (let k = 0; k <= 4; k++) {
     const v = y0 + (y1 - y0) * k / 4;
     const t = svg("text", {x: L - 4, y: Y(v) + 4, "text-anchor": "end", "font-size": 10});
@@ -400,12 +410,13 @@ function curveView(r) {
   const line = (pts, attrs) => {
     if (!pts.length) return;
     g.append(svg("polyline", {points: pts.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
-                              fill: "none", ...attrs}));
+                              fill: "none", "clip-path": "url(#plotarea)", ...attrs}));
   };
   if (base && base.mean.length) {
     const upper = base.mean.map(p => [p[0], p[1] + p[2]]), lower = base.mean.map(p => [p[0], p[1] - p[2]]).reverse();
     const outline = upper.concat(lower).map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" ");
-    g.append(svg("polygon", {points: outline, fill: "#999", "fill-opacity": 0.25, stroke: "none", class: "band"}));
+    g.append(svg("polygon", {points: outline, fill: "#999", "fill-opacity": 0.25, stroke: "none", class: "band",
+                             "clip-path": "url(#plotarea)"}));
     line(base.mean, {stroke: "#777", "stroke-dasharray": "4 3", "stroke-width": 1});
   }
   if (best && r.base !== r.commit) line(best.mean, {stroke: "#2a2", "stroke-width": 2, class: "best"});
@@ -428,7 +439,11 @@ function detail(r) {
   box.append(el("h2", "#" + r.n + " " + r.status + " " + r.commit));
   box.append(el("p", r.idea, "idea"));
   const facts = [["metric", fmt(r.metric)], ["delta vs its base " + (r.base || "-"), signed(r.delta)],
-                 ["runs", r.runs.length ? r.runs.map(m => fmt(m)).join(", ") : "-"], ["paired t", r.t],
+                 ["runs", r.runs.length ? r.runs.map(m => fmt(m)).join(", ") : "-"],
+                 ["the best's runs it was judged against (same seeds)",
+                  r.best_runs.length ? r.best_runs.map(m => fmt(m)).join(", ") : null],
+                 ["gain over them", r.gain === null ? null : signed(r.gain)], ["paired t", r.t],
+                 ["the best re-run", r.remeasured ? r.remeasured + "x first: the machine's speed changed" : null],
                  ["reason", r.reason], ["wall", r.wall === null ? null : fmt(r.wall, 0) + " s"],
                  ["memory", r.memory_gb === null ? null : r.memory_gb + " GB"], ["tokens/s", r.tokens_per_sec],
                  ["LLM cost", r.cost === null ? null : "$" + fmt(r.cost, 4)], ["proposed by", r.by]];

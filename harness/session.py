@@ -441,7 +441,7 @@ def hardware_side(s, all_events):
                     f"{s.hardware_epoch} ({'; '.join(changed)}): a new baseline is measured first, and its rows "
                     f"are marked {ledger.hw_label(s.hardware_epoch).strip()}")
     elif a.new_hardware and last is not None:
-        console.say(f"--new-hardware: this machine matches tag {a.tag!r}'s fingerprint (hardware epoch "
+        console.say(f"--new-hardware: this machine matches the fingerprint of tag {a.tag} (hardware epoch "
                     f"{s.hardware_epoch}: {hardware.words(s.hardware)}); nothing to re-measure for it")
     if last is None or changed:
         s.deferred.append(("hardware", dict(epoch=s.hardware_epoch, digest=hardware.digest_of(s.hardware),

@@ -164,7 +164,8 @@ def contents(s, event, result):
     target's metric name), each run's (<metric>_run, step: the run's index), memory_gb, wall, train and eval seconds,
     tokens_per_sec, cost_usd; the curve of its first run (train_loss, curve_tokens_per_sec; step: progress in
     per-mille); params: the constants it changed (their new values; "(removed)"), the tag, its base commit; tags:
-    status, kind, commit (full sha), branch, proposer."""
+    status, kind, commit (full sha), branch, proposer, hardware_epoch, budget_s, smoke; the note: the row's
+    description with its labels."""
     metrics = [(s.metric, event["metric"], 0)] if ledger.has_metric(event) else []
     metrics += [(f"{s.metric}_run", value, i) for i, value in enumerate(event.get("runs") or []) if value is not None]
     for key in ("memory_gb", "wall_seconds", "train_seconds", "eval_seconds", "tokens_per_sec", "cost_usd"):
@@ -182,7 +183,9 @@ def contents(s, event, result):
         params.update({name: "(removed)" if new is None else redact(new)[:500]
                        for name, (_, new) in memory.constants_changed(before, after).items()})
     tags = {"status": event["status"], "kind": event["kind"], "commit": event["full_commit"], "branch": s.branch,
-            "proposer": event["proposer"], "mlflow.note.content": event["description"]}
+            "proposer": event["proposer"], "mlflow.note.content": ledger.results_row(event).split("\t", 4)[4],
+            "hardware_epoch": str(event.get("hardware_epoch") or 1), "budget_s": f"{event['budget_s']:g}",
+            "smoke": str(bool(event.get("smoke"))).lower()}     # a smoke or another hardware's run is told apart
     return metrics, params, tags
 
 

@@ -140,10 +140,10 @@ def test_gathered_figures_match_the_run(tmp_path):
     assert rows[1]["wall"] == 31.0 and rows[1]["by"] == "anthropic"
     assert data["noise"] == {"sd": 0.01, "runs": 3}
     assert data["confidence"] == 2.0                                            # gain 0.02 / sd 0.01
-    assert data["margin"] == pytest.approx(0.02)                                # 2 x noise sd
+    assert data["margins"] == {1: pytest.approx(0.02)}                         # 2 x noise sd, hardware epoch 1
     assert data["spend"]["input_tokens"] == 4000 and data["spend"]["cost_usd"] == 0.04
     assert "+LR = 0.02" in data["diffs"][rows[1]["commit"]] and "-LR = 0.01" in data["diffs"][rows[1]["commit"]]
-    band = data["curves"][data["baseline"]]["mean"]
+    band = data["curves"][data["baselines"][1]]["mean"]
     p = dict((q[0], q[1:]) for q in band)[0.5]                                 # progress 0.5 = point 5: 3.0 - 0.8
     assert p[0] == pytest.approx(2.2 - 0.01) and p[1] == pytest.approx(0.01)    # runs r=0,1,2: -0, -0.01, -0.02
 

@@ -111,6 +111,8 @@ def test_resume_on_other_hardware_refused_then_new_hardware_rebaselines(target, 
     page = page_data(target / "dashboard.html")             # the loop's page keeps them apart too
     assert page["epochs"] == 2 and [r["epoch"] for r in page["rows"]] == [1, 1, 2, 2]
     assert "baseline     1.008000" in page["summary"] and any(line.startswith("hardware 1 ") for line in page["lines"])
+    assert page["baselines"] == {"1": page["rows"][0]["commit"], "2": again["commit"]}   # each row's band is its own
+    assert [k["commit"] for k in page["kept"]] == [again["commit"]] and sorted(page["margins"]) == ["1", "2"]
 
     # --new-hardware on the same hardware: a note, nothing else (the limit is reached)
     with ScriptedLLM([]) as llm:

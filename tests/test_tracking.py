@@ -55,6 +55,7 @@ def test_each_experiment_is_one_mlflow_run(curve2, capsys):
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
         assert tags["status"] == e["status"] and tags["commit"] == e["full_commit"]
         assert tags["branch"] == "autoresearch/t" and tags["proposer"] == "anthropic"
+        assert (tags["hardware_epoch"], tags["smoke"], tags["budget_s"]) == ("1", "false", f"{e['budget_s']:g}")
         assert tags["mlflow.runName"] == f"#{e['n']} {e['idea']}"
         assert run.info.status == ("FAILED" if e["status"] == "crash" else "FINISHED")
         assert params["tag"] == "t" and params["base"] == e["base"]
