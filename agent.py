@@ -20,15 +20,16 @@ Every run is hermetic and sandboxed where bubblewrap works; your checkout is nev
 never imports prepare.py or train.py. The map of harness/ is in docs/architecture.md.
 """
 
+import os
 import signal
-import sys
 
-if __name__ == "__main__":      # Ctrl-C while the modules load: exit 130 quietly (main handles it from then on)
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+if __name__ == "__main__":      # Ctrl-C while the modules load: exit 130 at once (main handles it from then on);
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))   # a SystemExit a library's bare except drops
 
 import collections
 import dataclasses
 import functools
+import sys
 import time
 from pathlib import Path
 
@@ -48,8 +49,7 @@ from harness.target import FROZEN, check_target, ensure_prepared, profile_of, re
 @dataclasses.dataclass
 class Loop:
     """The loop's own state: the devices, what waits for them, the next experiment number to hand out (ahead of the
-    recorded ones while candidates are in flight), the finished candidates waiting for their turn to be recorded,
-    and the recent failures the breaker counts."""
+    recorded ones while candidates are in flight), finished candidates waiting their turn, the breaker's failures."""
     pool: Pool
     backlog: ideas.Backlog
     assigned: int

@@ -409,6 +409,11 @@ function curveView(r) {
   g.append(xl);
   const line = (pts, attrs) => {
     if (!pts.length) return;
+    if (pts.length === 1) {                                         // a run that printed one progress line
+      g.append(svg("circle", {cx: X(pts[0][0]), cy: Y(pts[0][1]), r: 3, fill: attrs.stroke, class: attrs.class || "",
+                              "clip-path": "url(#plotarea)"}));
+      return;
+    }
     g.append(svg("polyline", {points: pts.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
                               fill: "none", "clip-path": "url(#plotarea)", ...attrs}));
   };
