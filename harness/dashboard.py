@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy
 
-from harness import console, curves
+from harness import console, curves, gitops
 
 PAGE = "dashboard.html"
 RELOAD_S = 30               # how often a live page reloads itself
@@ -114,11 +114,6 @@ def mean_band(runs):
     return out
 
 
-# as gitops.harden's: no program named in the repository's config runs, and refs/replace/ cannot swap what is shown
-HARDENED = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "false",
-            "GIT_NO_REPLACE_OBJECTS": "1"}
-
-
 def diffs_of(repo_dir, pairs, path):
     """{commit: the diff of `path` from base to commit} for (base, commit) full shas, in one `git diff-tree --stdin`
     (each commit's diff follows a line holding its sha). A pair git cannot diff (a pruned object) is left out; an
@@ -130,7 +125,7 @@ def diffs_of(repo_dir, pairs, path):
     try:
         argv = ["git", "diff-tree", "-p", "--no-color", "--no-ext-diff", "--no-textconv", "--stdin", "--", path]
         done = subprocess.run(argv, cwd=repo_dir, input=feed.encode(), capture_output=True, timeout=120,
-                              env={**os.environ, **HARDENED})
+                              env={**os.environ, **gitops.HARDENED})
     except (OSError, subprocess.TimeoutExpired):
         return {}
     wanted, out, current = {c for _, c in pairs}, {c: "" for _, c in pairs}, None
@@ -197,7 +192,7 @@ def gather(run, report, live=False, stale_s=3600.0):
     if exps and run.path.parent.is_dir():
         pairs = [(e.get("base"), e.get("full_commit")) for e in exps.values() if e.get("commit") in detailed]
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=run.path.parent, capture_output=True,
-                             text=True, env={**os.environ, **HARDENED}).stdout.strip()
+                             text=True, env={**os.environ, **gitops.HARDENED}).stdout.strip()
         if top:
             path = os.path.relpath((run.path.parent / "train.py").resolve(), Path(top).resolve())
             full = diffs_of(top, pairs, path)

@@ -112,7 +112,6 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     (cancel_watcher). The run's curve is kept beside its log (harness.curves); what its summary says of its device
     and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`: harness.hardware). Safe
     to call from several threads at once. Returns the runner's Outcome."""
-    name = f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "")
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
     frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
@@ -125,7 +124,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
         with s.lock:
             export_frozen(s, frozen_dir)
 
-    spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, s.home / "logs" / f"{name}.log", env, s.metric,
+    spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, s.metric,
                 s.timeout, s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
                 s.evaluation, fresh_frozen, device, s.speed_probe, cancel_watcher(s, n, run, sha, base))
     with s.lock:
@@ -166,6 +165,12 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
               probe_problem=outcome.probe_problem or None, best=best or None,
               hardware_mismatch=outcome.hardware_mismatch)
     return outcome
+
+
+def log_path(s, n, fix, run=0, best=False):
+    """Where the log of run `run` of experiment n's candidate (fix number `fix`; best: the best's commit run again
+    at that seed) is kept: <harness dir>/logs/0007-0.log, 0007-1-r2.log, 0007-0-r1-best.log; its curve beside it."""
+    return s.home / "logs" / (f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "") + ".log")
 
 
 def cancel_watcher(s, n, run, sha, base):
@@ -330,7 +335,7 @@ def record(s, result):
     s.last = f"{status} {metric:.6f}" if metric is not None else status
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
-    tracking.finish(s, run, event, r)
+    tracking.finish(s, run, event, r, log_path(s, r.n, r.fixes))
     dashboard.refresh(s, live=s.settings.command == "loop")     # the page reloads itself while the loop runs
     return event
 

@@ -36,16 +36,18 @@ def open_repo(target, committed=("prepare.py", "train.py")):
     return repo
 
 
+# core.fsmonitor off; and a refs/replace/ ref would swap the bytes of a blob in every export (the pristine evaluator's
+# prepare.py among them): the harness reads the objects themselves. Also for git run as a plain subprocess.
+HARDENED = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "false",
+            "GIT_NO_REPLACE_OBJECTS": "1"}
+
+
 def harden(repo):
     """The harness's git commands never run a program named in the repository's config for its own sake
     (core.fsmonitor runs on every status and diff): a config line planted by a run must not run in the harness.
     Your global git config is read from the copy global_config() took when this agent.py started, so that a hook
     path or filter a run (without the sandbox) writes to ~/.gitconfig never runs in the harness's git either."""
-    repo.git.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.fsmonitor", GIT_CONFIG_VALUE_0="false",
-                                GIT_CONFIG_GLOBAL=str(global_config(repo)),
-                                # a refs/replace/ ref would swap the bytes of a blob in every export (the pristine
-                                # evaluator's prepare.py among them): the harness reads the objects themselves
-                                GIT_NO_REPLACE_OBJECTS="1")
+    repo.git.update_environment(**HARDENED, GIT_CONFIG_GLOBAL=str(global_config(repo)))
     return repo
 
 

@@ -9,7 +9,7 @@ nothing here touches the network but a URI you give. Never writes the ledger or 
 
     s.tracking = tracking.start(s)              # at session start: None without --mlflow
     run = tracking.begin(s, n, name)            # before the "experiment" event: the MLflow run's id (None: not tracked)
-    tracking.finish(s, run, event, result)      # after it: params, metrics, tags, artifacts, the run's end status
+    tracking.finish(s, run, event, result, log) # after it: params, metrics, tags, artifacts, the run's end status
 """
 
 import dataclasses
@@ -133,8 +133,9 @@ def experiment_id(t, name):
     return found.experiment_id if found else t.client.create_experiment(name, artifact_location=t.artifacts)
 
 
-def finish(s, run, event, result):
-    """Log experiment event `event` (its Result `result`) into MLflow run `run` (None: nothing) and end it:
+def finish(s, run, event, result, log):
+    """Log experiment event `event` (its Result `result`; log: its first run's log, the curve beside it) into MLflow
+    run `run` (None: nothing) and end it:
     FINISHED for a keep or discard, FAILED for a crash. A failure is one warning line (the run is ended FAILED
     when MLflow still answers)."""
     if run is None:
@@ -142,13 +143,13 @@ def finish(s, run, event, result):
     t = s.tracking
     try:
         load()
-        metrics, params, tags = contents(s, event, result)
+        metrics, params, tags = contents(s, event, log)
         from mlflow.entities import Metric, Param, RunTag
         now = int(time.time() * 1000)
         t.client.log_batch(run, metrics=[Metric(k, v, now, step) for k, v, step in metrics],
                            params=[Param(k, v) for k, v in params.items()],
                            tags=[RunTag(k, v) for k, v in tags.items()])
-        for artifact, text in artifacts(s, event, result).items():
+        for artifact, text in artifacts(s, event, result, log).items():
             t.client.log_text(run, text, artifact)
         t.client.set_terminated(run, "FAILED" if event["status"] == "crash" else "FINISHED")
     except Exception as e:
@@ -159,7 +160,7 @@ def finish(s, run, event, result):
             pass
 
 
-def contents(s, event, result):
+def contents(s, event, log):
     """(metrics as [(key, value, step)], params, tags) of an experiment's run: the verdict's metric (key: the
     target's metric name), each run's (<metric>_run, step: the run's index), memory_gb, wall, train and eval seconds,
     tokens_per_sec, cost_usd; the curve of its first run (train_loss, curve_tokens_per_sec; step: progress in
@@ -171,7 +172,7 @@ def contents(s, event, result):
     for key in ("memory_gb", "wall_seconds", "train_seconds", "eval_seconds", "tokens_per_sec", "cost_usd"):
         if isinstance(event.get(key), (int, float)):
             metrics.append((key, float(event[key]), 0))
-    curve = curves.load(first_log(s, event))
+    curve = curves.load(log)
     if curve is not None:
         points = {round(1000 * q.progress): q for q in curve.points}      # one per per-mille: the last
         metrics += [("train_loss", q.loss, step) for step, q in points.items()]
@@ -189,20 +190,15 @@ def contents(s, event, result):
     return metrics, params, tags
 
 
-def first_log(s, event):
-    """The log of an experiment's first run (where experiment.train keeps it; its curve lies beside it)."""
-    return s.home / "logs" / f"{event['n']:04d}-{event.get('fixes') or 0}.log"
-
-
-def artifacts(s, event, result):
+def artifacts(s, event, result, log):
     """{artifact file: text}: diff.patch (train.py from its base to its commit; none for the baseline) and
     log_tail.txt (the first run's last lines), secrets redacted."""
     found = {}
     if event["base"] != event["full_commit"]:
         found["diff.patch"] = redact(s.repo.git.diff(event["base"], event["full_commit"], "--", s.train_rel) + "\n")
     tail = result.outcome.log_tail
-    if not tail and first_log(s, event).is_file():
-        tail = "\n".join(first_log(s, event).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+    if not tail and Path(log).is_file():
+        tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
     if tail:
         found["log_tail.txt"] = redact(tail + "\n")
     return found
