@@ -23,8 +23,8 @@ never imports prepare.py or train.py. The map of harness/ is in docs/architectur
 import os
 import signal
 
-if __name__ == "__main__":      # Ctrl-C while the modules load: exit 130 at once (main handles it from then on);
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))   # a SystemExit a library's bare except drops
+if __name__ == "__main__":      # Ctrl-C before main's try (modules loading, flags): exit 130 at once; os._exit,
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))   # as a library's bare except drops SystemExit
 
 import collections
 import dataclasses
@@ -234,11 +234,11 @@ def main(argv=None):
     """Entry point: `agent.py --tag T ...` runs the loop, `agent.py try --tag T ...` one experiment (try_one). Exit
     codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
     (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)         # Ctrl-C: KeyboardInterrupt, handled below
     settings = parse(list(sys.argv[1:] if argv is None else argv))
     previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
     become_subreaper()                      # a process a run detaches still ends with the run
     s = None
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C from here: KeyboardInterrupt, handled below
     try:
         target = Path(settings.target).resolve()
         check_target(target)
