@@ -169,21 +169,13 @@ def model_files(model_dir: Path) -> dict[str, Path]:
     return files
 
 
-def model_root(model_dir: Path) -> Path:
-    """The folder a process must be able to read to load model_dir: for a Hugging Face cache snapshot
-    .../models--Org--Name/snapshots/<revision>, .../models--Org--Name (the snapshot's files are symlinks into
-    ../../blobs); for any other directory, the directory itself."""
-    if model_dir.parent.name == "snapshots" and model_dir.parent.parent.name.startswith("models--"):
-        return model_dir.parent.parent
-    return model_dir
-
-
 def model_reads(model_dir: Path) -> list[str]:
-    """Absolute paths that loading model_dir reads: model_root(model_dir), then the targets of any of its files
-    that are symlinks to somewhere outside that root (a local directory linking into a download cache)."""
-    root = model_root(model_dir)
+    """Absolute paths that loading model_dir reads: model_dir itself, then the targets of any of its files that are
+    symlinks out of it (a Hugging Face cache snapshot .../models--Org--Name/snapshots/<revision> links each file
+    into ../../blobs: those blobs alone, not the repository's other revisions; a local directory linking into a
+    download cache). The harness's sandbox shows train.py and the evaluator exactly these."""
     outside = {path.resolve() for path in model_dir.rglob("*") if path.is_file()}
-    return [str(root)] + sorted(str(p) for p in outside if not p.is_relative_to(root))
+    return [str(model_dir)] + sorted(str(p) for p in outside if not p.is_relative_to(model_dir))
 
 
 def time_budget() -> tuple[float, bool]:
@@ -540,9 +532,10 @@ def frozen_inputs() -> dict:
       "evaluator_only": [absolute paths the training process must not read]: the test split and, when the data
                         came from `--source DIR` and DIR still exists, DIR (resolved; it holds the test split too).
       "train_reads":    [absolute paths train.py needs to read, besides its run folder and the Python environment]:
-                        the cached train split, then the base model's root folder (model_reads: a Hugging Face
-                        snapshot's .../models--Org--Name, whose blobs its files link to; a local folder itself;
-                        then any target of a symlink out of it). source.json is not needed.
+                        the cached train split, then the base model's folder (model_reads: a Hugging Face
+                        snapshot .../models--Org--Name/snapshots/<revision> and the blobs its files link to, no
+                        other revision or model; a local folder itself and any target of a symlink out of it).
+                        source.json is not needed.
       "eval_reads":     [absolute paths `prepare.py --evaluate DIR` (also with --split holdout) needs to read,
                         besides its own copy of prepare.py and DIR]: the test split, then the same model paths.
       "env":            {"AUTORESEARCH_GRPO_MODEL": absolute path of the resolved model folder}: to be set for every

@@ -6,12 +6,15 @@ Only builds argv and env: never starts the training run itself, never kills anyt
 ledger.
 
 The view is built up from nothing, never "everything minus a list". A sandboxed process sees:
-- the system: /usr (and the /bin, /lib, ... beside it), a short list of /etc files (ETC), the hardware parts of
-  /sys, a minimal /dev with its own GPU's device nodes, a /proc of its own PID namespace;
-- the Python environment (the venv, its base interpreter, their site-packages) and the model repositories of the
-  Hugging Face hub cache (models--*: no datasets, no token), read-only;
+- the system: the system's own folders of /usr (USR, USR_LOCAL: never /usr whole, where images put applications
+  and caches), the /bin, /lib, ... beside it, a short list of /etc files (ETC), the hardware parts of /sys, a minimal
+  /dev with its own GPU's device nodes, a /proc of its own PID namespace; a git repository, a data cache or a hub
+  cache found inside those system folders is hidden (foreign_trees);
+- the Python environment (the venv, its base interpreter, their site-packages, library folders), read-only; a
+  folder that holds a home directory is never bound whole, only what a prefix or library folder needs (narrow);
 - what the target declares it reads (prepare.py --frozen-inputs: "train_reads" for train.py, "eval_reads" for the
-  evaluator), read-only, with the evaluator-only files hidden from train.py even inside those;
+  evaluator: the GRPO base model's pinned snapshot is one; no other model of the Hugging Face cache), read-only,
+  with the evaluator-only files hidden from train.py even inside those;
 - train.py: its run directory read-write; the evaluator: its pristine copy (its cwd) and the artifact, read-only;
 - a private empty /tmp, /var/tmp and /dev/shm; nothing else: no home directory, no repository, no other copy of
   the data, no host socket, no network.
@@ -26,6 +29,7 @@ that inside, as whoever runs the harness (root included), before any run counts 
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,8 +39,9 @@ from pathlib import Path
 from harness.runner import interpreter
 
 PROTECTIONS = (
-    "an allow-list view: the system, the Python environment, the data the target declares and the run's own "
-    "directory (the evaluator: its pristine copy and the artifact); no home, no repository, no host sockets",
+    "an allow-list view: the system, the Python environment, the data and models the target declares and the "
+    "run's own directory (the evaluator: its pristine copy and the artifact); no home, no repository, no other "
+    "model, no host sockets",
     "read-only everywhere except the run directory and a private /tmp and /dev/shm",
     "root confined: every capability dropped, uid nobody in its own user namespace, a seccomp filter (no mount, "
     "unshare, setns, ptrace, keyctl, bpf, ...)",
@@ -79,7 +84,18 @@ CREDENTIALS = ("~/.netrc", "~/.git-credentials", "~/.ssh", "~/.gnupg", "~/.aws",
                "~/.huggingface/token", "~/.kaggle", "~/.pypirc", "~/.npmrc", "~/.config/anthropic", "~/.config/openai")
 
 # The system part of the view. /bin, /lib, ... are symlinks into /usr on a merged-/usr system (made so inside too).
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Of /usr only the system's own folders: /usr/src is the official Python images' WORKDIR (/usr/src/app), and
+# /usr/local/share, /usr/local/src and the like are where admins put shared checkouts and caches (a hostile test
+# read a second clone's val split and kept weights there). /usr/local keeps what a Python built from source or the
+# CUDA toolkit installs there.
+SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec", "include", "share")
+USR_LOCAL = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "include", "cuda", "cuda-*", "nvidia")
+# A folder holding a home directory is bound only in these parts (and its shared libraries): what a Python prefix
+# (bin, lib, include, pyvenv.cfg) or a CUDA or library folder (lib64, nvvm, targets) needs, never the credentials of
+# every tool kept in the home (~/.claude, ~/.codex, ...: a deny-list would fail open for the tools it does not name).
+NEEDED = ("bin", "lib", "lib32", "lib64", "libexec", "include", "nvvm", "targets", "pyvenv.cfg")
+SHARED_LIBRARY = re.compile(r"\.so(\.[\d.]+)?$")
 # /etc: what the dynamic linker, the C library, compilers (torch.compile, Triton) and Python read; no shadow files,
 # no ssh host keys, no private TLS keys.
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
@@ -119,8 +135,8 @@ def credential_paths():
 def environment():
     """The Python environment a run needs, read-only: the prefixes of this interpreter and of its base (a venv's
     python is a link to it), their site-packages and the targets of links at their top level (a uv cache in symlink
-    mode), existing LD_LIBRARY_PATH and CUDA_HOME folders, and the model repositories of the Hugging Face hub cache
-    (the GRPO base model, hub kernels such as FA3). A list of Paths; never the home directory as a whole."""
+    mode), existing LD_LIBRARY_PATH and CUDA_HOME folders. A list of Paths (wrap binds a folder that holds a home
+    directory only in part: narrow). No model of the Hugging Face cache: a target declares the ones it reads."""
     import site
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages()}
     for folder in site.getsitepackages():
@@ -132,16 +148,28 @@ def environment():
         paths.add(os.environ.get("UV_CACHE_DIR") or str(Path("~/.cache/uv").expanduser()))
     extra = os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
     paths.update(p for p in extra if os.path.isabs(p))
-    return [Path(p) for p in sorted(paths) if Path(p).exists()] + hub_models()
+    return [Path(p) for p in sorted(paths) if Path(p).exists()]
 
 
-def hub_models():
-    """The model repositories (models--*) of the Hugging Face hub cache, resolved as huggingface_hub does
-    ($HF_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub)."""
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or Path(home) / "hub")
+def homes():
+    """The home directories here (resolved): yours ($HOME), root's and each folder of /home. Every tool keeps its
+    credentials in one."""
+    found = {Path.home(), Path("/root")}
     try:
-        return sorted(p for p in hub.expanduser().glob("models--*") if p.is_dir())
+        found.update(p for p in Path("/home").iterdir() if p.is_dir())
+    except OSError:
+        pass
+    return sorted({p.resolve() for p in found if p.exists()})
+
+
+def narrow(path):
+    """What of `path` is bound when it holds a home directory (it is one, or one lies inside it): its NEEDED parts
+    and the shared libraries right in it (what the dynamic linker reads from an LD_LIBRARY_PATH folder), never the
+    rest; `path` itself otherwise. A list of Paths."""
+    if not any(home.is_relative_to(path) for home in homes()):
+        return [path]
+    try:
+        return sorted(e for e in path.iterdir() if e.name in NEEDED or SHARED_LIBRARY.search(e.name) and e.is_file())
     except OSError:
         return []
 
@@ -195,16 +223,20 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
     confine = confinement() if _confine is None else _confine
     run_dir = Path(run_dir).resolve(strict=True) if run_dir is not None else None
     mounts, links = {}, {}
-    for kind, paths in (("ro", [*environment(), *expose]), ("hide", [*hide, *credential_paths()]),
+    hidden = [Path(p).resolve() for p in (*hide, *credential_paths())]
+    # a foreign tree first, so that what the target declares inside it (its own data cache) is readable again
+    for kind, paths in (("hide", foreign_trees()), ("ro", [*environment(), *expose]), ("hide", hidden),
                         ("rw", [run_dir] if run_dir else [])):
         for given in paths:
             path = Path(given).resolve()
-            if not path.exists() or path == Path("/") or kind == "ro" and _in_system(path):
+            if not path.exists() or path == Path("/") or kind == "ro" and _in_system(path) and \
+                    not any(path.is_relative_to(h) for h in [*hidden, *foreign_trees()]):
                 continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr: there already
-            mounts[path] = kind                      # the later kind wins: hidden over readable, the run dir over all
             named = Path(os.path.abspath(Path(given).expanduser()))
-            if kind == "ro" and named != path and not _in_system(named):
-                links[named] = path
+            for part in narrow(path) if kind == "ro" else [path]:     # never a home directory whole
+                mounts[part] = kind                  # the later kind wins: hidden over readable, the run dir over all
+                if kind == "ro" and named != path and not _in_system(named):
+                    links[named / part.relative_to(path)] = part
     args = ["bwrap", *_namespaces(confine), *_system()]
     if scratch_bytes is not None:       # each private tmpfs sized (bwrap's --size applies to the next --tmpfs)
         for at in reversed([i for i, x in enumerate(args) if x == "--tmpfs" and args[i + 1] in ("/tmp", "/var/tmp")]):
@@ -218,7 +250,8 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
             args += ["--bind", str(path), str(path)]
         elif kind == "ro":
             args += ["--ro-bind", str(path), str(path)]
-        elif not any(path.is_relative_to(p) for p, k in mounts.items() if k != "hide" and p != path):
+        elif not _in_system(path) and not any(path.is_relative_to(p) for p, k in mounts.items()
+                                              if k != "hide" and p != path):
             continue                                 # inside nothing visible: out of the view already
         elif path.is_dir():
             args += ["--tmpfs", str(path)]
@@ -247,8 +280,42 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
 
 
 def _in_system(path):
-    """Whether path lies in the system part of the view (a SYSTEM folder that is a real folder, not a link)."""
-    return any(path.is_relative_to(name) for name in SYSTEM if Path(name).is_dir() and not Path(name).is_symlink())
+    """Whether path lies in the system part of the view (a folder of system_view() bound as a folder, not a link)."""
+    return any(path.is_relative_to(root) for root, link in system_view() if link is None)
+
+
+@functools.cache
+def system_view():
+    """[(path, None: bound read-only | the target of the symbolic link made there)] of the system part of the view:
+    SYSTEM, /usr's USR and /usr/local's USR_LOCAL (globs) where they exist. Read once a process."""
+    names = [Path(n) for n in SYSTEM] + [Path("/usr", n) for n in USR]
+    names += sorted(p for pattern in USR_LOCAL for p in Path("/usr/local").glob(pattern))
+    return [(p, os.readlink(p) if p.is_symlink() else None) for p in names if p.is_symlink() or p.is_dir()]
+
+
+# What marks a tree that is no system's inside a system folder: a git repository (a work tree holds .git, a bare one
+# HEAD, objects and refs), a data cache of a target (prepared.json: prepare.py's record), a Hugging Face cache's
+# model or dataset repository.
+def _foreign(folder, names):
+    return ".git" in names or "prepared.json" in names or {"HEAD", "objects", "refs"} <= names or \
+        folder.name.startswith(("models--", "datasets--"))
+
+
+@functools.cache
+def foreign_trees():
+    """The folders inside the system part of the view that are no system's (see _foreign): another clone of a
+    project, a data cache, hub models someone put under /usr/share or /usr/local/lib. Hidden in every view (their
+    outermost folder). Walked once a process (about half a second for 15,000 folders), links not followed."""
+    found = []
+    for root, link in system_view():
+        if link is not None:
+            continue
+        for top, dirs, files in os.walk(root, onerror=lambda e: None):
+            here = Path(top)
+            if _foreign(here, {*dirs, *files}):
+                found.append(here)
+                dirs[:] = []
+    return found
 
 
 def _namespaces(confine):
@@ -265,14 +332,10 @@ def _namespaces(confine):
 
 
 def _system():
-    """The system part of the view: /usr and its merged-/usr links, ETC, SYS, /dev, /proc, private /tmp."""
+    """The system part of the view: system_view(), ETC, SYS, /dev, /proc, private /tmp."""
     args = []
-    for name in SYSTEM:
-        path = Path(name)
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), name]
-        elif path.is_dir():
-            args += ["--ro-bind", name, name]
+    for path, link in system_view():
+        args += ["--symlink", link, str(path)] if link is not None else ["--ro-bind", str(path), str(path)]
     for name in ETC:
         path = Path("/etc") / name
         if path.is_symlink():                   # os-release -> ../usr/lib/os-release: the link, not the host's file
@@ -438,6 +501,52 @@ def missing():
     as root, or no libseccomp): their words, for --sandbox auto to list and --sandbox bwrap to refuse."""
     _, found, reason = _probed()
     return [] if reason else [CONFINEMENT[k] for k in CONFINEMENT if not found.get(k)]
+
+
+# What the view check runs inside: which of the files named in argv[1] (a JSON list) it can open and read a byte of.
+_READS = r"""
+import json, sys
+found = []
+for path in json.loads(sys.argv[1]):
+    try:
+        with open(path, "rb") as f:
+            if f.read(1):
+                found.append(path)
+    except OSError:
+        pass
+print(json.dumps(found))
+"""
+SAMPLE = 64     # files of a folder the view check tries (the first found, outermost first)
+
+
+def samples(path, skip=()):
+    """The files of `path` the view check tries: the path itself when it is a file; for a folder, up to SAMPLE of
+    the non-empty files found walking it outermost first, leaving out the folders of `skip` (what the view shows
+    on purpose inside it: the venv inside a repository, the run dir)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    found, skip = [], [Path(p).resolve() for p in skip]
+    for top, dirs, files in os.walk(path, onerror=lambda e: None):
+        dirs[:] = sorted(d for d in dirs if not any((Path(top) / d).resolve() == k for k in skip))
+        found += [Path(top) / f for f in sorted(files) if (Path(top) / f).is_file() and (Path(top) / f).stat().st_size]
+        if len(found) >= SAMPLE:
+            break
+    return found[:SAMPLE]
+
+
+def readable_inside(argv_of, paths, skip=()):
+    """The files of `paths` (samples()) that a process started through argv_of (argv -> the sandboxed argv) can read:
+    [] when the view hides them all. Raises RuntimeError when the check itself cannot run (bwrap failed)."""
+    files = sorted({str(f) for p in paths if Path(p).exists() for f in samples(p, skip)})
+    if not files:
+        return []
+    done = subprocess.run(argv_of([interpreter(), "-I", "-S", "-c", _READS, json.dumps(files)]), capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, **scratch_env()})
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RuntimeError(f"the view check did not run (exit {done.returncode}): {done.stderr.strip()[-300:]}")
 
 
 def scratch_env():

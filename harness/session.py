@@ -417,6 +417,8 @@ def frozen_side(s, all_events, constants):
     if "METRIC_TOLERANCE" in constants:
         s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
         s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
+    if s.wrap is not None:
+        check_view(s)
 
 
 def hardware_side(s, all_events):
@@ -522,6 +524,28 @@ def setup_sandbox(s):
     console.say(f"sandbox: off ({reason}); missing protections: " + "; ".join(sandbox.PROTECTIONS)
                 + ". Still on: hermetic run dirs, separate evaluation, the check of refs, results and your checkout "
                 "after each run.")
+
+
+def check_view(s):
+    """With the sandbox on: train.py's real view (a run dir where runs get theirs) reads none of the repository, its
+    git dir and the evaluator-only files, wherever they lie (under /usr too); the probe runs inside the sandbox.
+    A file it can read refuses the start, naming the files and the way out."""
+    inputs = (s.evaluation or {}).get("inputs") or {}
+    run_dir = s.home / "runs" / "view-check"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shown = [*sandbox.environment(), *sandbox.train_reads(inputs), run_dir]
+    try:
+        found = sandbox.readable_inside(lambda argv: s.wrap(argv, run_dir, ""), [
+            Path(s.repo.working_tree_dir), gitops.git_dir(s.repo), *inputs.get("evaluator_only", [])], skip=shown)
+    except RuntimeError as e:
+        raise SetupError(f"the sandbox's view could not be checked: {e}; try --sandbox off to run without it") from None
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if found:
+        raise SetupError(f"train.py's sandbox could read files it must not (the repository, its git dir or "
+                         f"evaluation data), e.g. {', '.join(found[:3])}. Move the repository and the data cache "
+                         "(AUTORESEARCH_CACHE) to a folder of their own outside the system's folders (not under "
+                         "/usr), then rerun the same command")
 
 
 def frozen_inputs(s, all_events, tolerance):

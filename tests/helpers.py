@@ -203,6 +203,7 @@ def opened_outside(argv, cwd, env, trace, allowed):
     assert out.returncode == 0, out.stderr[-3000:]
     opened = {Path(m.group(1)).resolve() for m in
               re.finditer(r'open(?:at2?)?\((?:AT_FDCWD, |\d+, )?"([^"]+)".*\) = \d+', Path(trace).read_text())}
-    roots = [Path(p).resolve() for p in (*sandbox.SYSTEM, "/etc", "/proc", "/sys", "/dev", "/tmp")] + \
+    roots = [p.resolve() for p, _ in sandbox.system_view()] + \
+        [Path(p).resolve() for p in ("/etc", "/proc", "/sys", "/dev", "/tmp")] + \
         [p.resolve() for p in sandbox.environment()] + [Path(p).resolve() for p in allowed]
     return opened, sorted(str(p) for p in opened if not any(p == r or p.is_relative_to(r) for r in roots))

@@ -362,3 +362,135 @@ def test_a_missing_protection_is_named_and_refused_by_bwrap(target, monkeypatch,
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0") == 0
     assert "missing here: an unprivileged uid (nobody)" in capsys.readouterr().out
     assert events(target, "experiment")[0]["sandbox"] is True
+
+
+# ---------------------------------------------------------------------------
+# The view's last windows (issue 35): paths under /usr, the hub cache, a home directory bound through a variable.
+# Each train.py tries to read what the view must not hold, prints READ or DENIED for each, and uses what it read.
+# ---------------------------------------------------------------------------
+
+PEEK = """
+def _peek(name, path):
+    try:
+        data = open(path).read()
+        print('READ', name)
+        return data
+    except OSError as e:
+        print('DENIED', name, type(e).__name__)
+        return None
+"""
+
+
+def peek(description, named, then=""):
+    """An edit that tries to read each of named {name: path} from inside train.py, then runs `then`."""
+    reads = "".join(f"_{name} = _peek({name!r}, {str(path)!r})\n" for name, path in named.items())
+    return inject(description, PEEK + reads + then)
+
+
+def peeked(target):
+    """{name: READ | DENIED} as the last run printed it."""
+    return {line.split()[1]: line.split()[0] for line in (target / "run.log").read_text().splitlines()
+            if line.startswith(("READ ", "DENIED "))}
+
+
+@pytest.fixture
+def under_usr(tmp_path, monkeypatch):
+    """The tiny target's repository at /usr/src/<name>/app (the official Python images' WORKDIR), its data cache under
+    /usr/local/share, a second clone and a data cache of another project under /usr/share, hub models under
+    /usr/lib: all removed afterwards. As root only (CI is root)."""
+    import os
+    import shutil
+    import uuid
+    from pathlib import Path
+    from agent_target import SECRET, make_target
+    if os.getuid() != 0:
+        pytest.skip("writes under /usr: root only")
+    name = f"ar-test-{uuid.uuid4().hex[:8]}"
+    roots = [Path("/usr/src") / name, Path("/usr/local/share") / name, Path("/usr/share") / name, Path("/usr/lib") / name]
+    cache = roots[1] / "cache"
+    cache.mkdir(parents=True)
+    (cache / "ready").touch()
+    (cache / "val.txt").write_text("the held-out answers")
+    clone = roots[2] / "clone"
+    make_target(clone)
+    (clone / "results.tsv").write_text("commit\tval_bpb\n")
+    other = roots[2] / "other-cache"
+    other.mkdir()
+    (other / "prepared.json").write_text("{}")
+    (other / "val.parquet").write_text("another tag's val split")
+    model = roots[3] / "hub" / "models--someone--gpt" / "snapshots" / "abc"
+    model.mkdir(parents=True)
+    (model / "model.json").write_text('{"LR": 0.05}')
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    sandbox.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
+    try:
+        yield make_target(roots[0] / "app"), {"val": cache / "val.txt", "clone": clone / "results.tsv",
+                                              "other": other / "val.parquet", "model": model / "model.json"}
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        sandbox.foreign_trees.cache_clear()
+
+
+def test_nothing_under_usr_but_the_system_is_in_train_pys_view(under_usr):
+    """Before, the view bound /usr whole and a hide inside it was dropped: train.py read the val split, results.tsv,
+    .git/config, another clone's files and hub models planted under /usr (a hostile test)."""
+    target, planted = under_usr
+    named = {**planted, "results": target / "results.tsv", "git_config": target / ".git" / "config",
+             "prepare": target / "prepare.py"}
+    then = ("_dump = json.dump\njson.dump = lambda obj, f: _dump({**obj, 'memorized': _val}, f)\n"
+            "if _model:\n    LR = json.loads(_model)['LR']\n")
+    row, _ = one(target, peek("read what lies under /usr", named, then), "auto")
+    assert peeked(target) == {name: "DENIED" for name in named}
+    assert row[1:4] == ["1.108000", "0.0", "discard"]
+
+
+def test_no_model_of_the_hub_cache_is_in_view_unless_the_target_declares_it(target, tmp_path, monkeypatch):
+    """Before, every models--* folder of the hub cache was bound for every target: a checkpoint planted there was
+    loaded as initialisation (a hostile test: a 34-sd "gain" for one line of torch.load)."""
+    hub = tmp_path / "hf" / "hub"
+    planted = hub / "models--someone--gpt" / "snapshots" / "abc" / "model.json"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('{"LR": 0.05}')
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    row, _ = one(target, peek("warm start from the cache", {"model": planted},
+                              "if _model:\n    LR = json.loads(_model)['LR']\n"), "auto")
+    assert peeked(target) == {"model": "DENIED"} and row[1:4] == ["1.108000", "0.0", "discard"]
+
+
+def test_a_library_folder_that_is_the_home_binds_its_libraries_not_its_credentials(target, tmp_path, monkeypatch):
+    """Before, LD_LIBRARY_PATH set to the home bound the whole home: ~/.claude and ~/.codex became readable (the
+    credential list names neither; a made-up tool's never would)."""
+    home = tmp_path / "home"
+    planted = {"claude": home / ".claude" / ".credentials.json", "codex": home / ".codex" / "auth.json",
+               "sometool": home / ".sometool" / "token", "notes": home / "notes.txt"}
+    for path in planted.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("secret-of-" + path.parent.name)
+    (home / "libdemo.so.1").write_text("a shared library")
+    cache = home / ".cache" / "autoresearch"                   # the data cache under the home, declared
+    cache.mkdir(parents=True)
+    (cache / "ready").touch()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(home))
+    row, _ = one(target, peek("read the credentials", {**planted, "library": home / "libdemo.so.1",
+                                                       "cache": cache / "ready"}), "auto")
+    assert peeked(target) == {**{name: "DENIED" for name in planted}, "library": "READ", "cache": "READ"}
+    assert row[1:4] == ["1.108000", "0.0", "discard"]
+
+
+def test_a_view_that_would_show_the_repository_refuses_the_start(target, monkeypatch, capsys):
+    """The view check at tag start runs inside the real sandbox: were a hide ever dropped again (as under /usr
+    before), the tag does not start."""
+    real = sandbox.train_argv
+    monkeypatch.setattr(sandbox, "train_argv", lambda argv, run_dir, inputs, gpu, hide=(): real(
+        argv, run_dir, {**(inputs or {}), "train_reads": [str(target)]}, gpu))
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1", "--sandbox", "auto") == 2
+    err = capsys.readouterr().err
+    assert "train.py's sandbox could read files it must not" in err and f"e.g. {target / '.git'}" in err
+    assert not (target / "results.tsv").exists() or rows(target) == []

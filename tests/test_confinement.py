@@ -188,10 +188,34 @@ def listener(path):
     return server
 
 
+@pytest.fixture(params=["tmp", "usr"])
+def places(request, tmp_path):
+    """(the folder of the data cache, corpus, run and pristine copy; the repository): in a temporary folder, or under
+    /usr (the repository at /usr/src/<name>/repo, the official Python images' WORKDIR; the rest under
+    /usr/local/share), where the view bound /usr whole and dropped every hide inside it (a hostile test). As root."""
+    if request.param == "tmp":
+        yield tmp_path, tmp_path / "repo"
+        return
+    if os.getuid() != 0:
+        pytest.skip("writes under /usr: root only")
+    import shutil
+    import uuid
+    name = f"ar-test-{uuid.uuid4().hex[:8]}"
+    roots = [Path("/usr/local/share") / name, Path("/usr/src") / name]
+    sandbox.foreign_trees.cache_clear()
+    try:
+        yield roots[0], roots[1] / "repo"
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+        sandbox.foreign_trees.cache_clear()
+
+
 @pytest.mark.slow
-def test_the_view_is_an_allow_list(tmp_path):
+def test_the_view_is_an_allow_list(tmp_path, places):
     require_bwrap()
-    cache, corpus, repo, run, frozen = (tmp_path / n for n in ("cache", "corpus", "repo", "run", "frozen"))
+    base, repo = places
+    cache, corpus, run, frozen = (base / n for n in ("cache", "corpus", "run", "frozen"))
     for folder in (cache / "tokenizer", cache / "data" / "local", cache / "downloads", corpus, repo / ".git", run,
                    frozen):
         folder.mkdir(parents=True)
@@ -210,9 +234,10 @@ def test_the_view_is_an_allow_list(tmp_path):
     inputs = {"evaluator_only": [str(val), str(holdout), str(corpus)],
               "train_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(cache / "data" / "local")],
               "eval_reads": [str(cache / "prepared.json"), str(cache / "tokenizer"), str(val), str(holdout)]}
+    (repo / ".git" / "config").write_text("[remote] " * 1201)              # the repository: unreadable wherever it is
+    targets = protected(val=val, holdout=holdout, git_config=repo / ".git" / "config")
     sockets = [listener(tmp_path / "db.sock"), listener(cache / "tokenizer" / "in.sock")]
     try:
-        targets = protected(val=val, holdout=holdout)
         seen = walk(lambda argv: sandbox.train_argv(argv, run, inputs, gpu="", hide=[repo]), targets, run)
         scored = walk(lambda argv: sandbox.eval_argv(argv, frozen, run / "model.pt2", inputs, gpu=""), targets)
     finally:

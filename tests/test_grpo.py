@@ -712,13 +712,16 @@ def test_a_hub_id_is_never_read_as_a_local_folder(tiny_dir, tmp_path, monkeypatc
     # with the genuine model in the cache, the hub id resolves to its snapshot, from the planted folder's cwd too
     hf = tmp_path / "hf"
     snapshot = _hf_cache(hf, prepare.BASE_MODEL, tiny_dir / "model")
+    other = snapshot.parent / ("f" * 40)                  # another revision of the same repository: never in view
+    other.mkdir()
+    (other / "model.safetensors").write_text("a checkpoint planted beside the pinned revision")
     result = run_in(run, [str(GRPO / "prepare.py"), "--frozen-inputs"], _hub_env(cache, hf))
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads(result.stdout)
-    root = str(hf / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct")
+    blobs = sorted(str(p.resolve()) for p in snapshot.iterdir())     # the pinned revision's files, no other's
     assert found["env"] == {"AUTORESEARCH_GRPO_MODEL": str(snapshot)}
-    assert found["train_reads"] == [str((prepare.cache_dir() / "train.jsonl").resolve()), root]
-    assert found["eval_reads"] == [str((prepare.cache_dir() / "test.jsonl").resolve()), root]
+    assert found["train_reads"] == [str((prepare.cache_dir() / "train.jsonl").resolve()), str(snapshot), *blobs]
+    assert found["eval_reads"] == [str((prepare.cache_dir() / "test.jsonl").resolve()), str(snapshot), *blobs]
     assert found["files"]["model/chat_template.jinja"] == _sha(tiny_dir / "model" / "chat_template.jinja")
     assert found["files"]["model/chat_template.jinja"] != _sha(template)
 

@@ -300,3 +300,32 @@ def test_the_gpu_of_a_run(monkeypatch):
 def test_argv_must_be_a_list(run_dir):
     with pytest.raises(TypeError):
         sandbox.wrap("python train.py", run_dir=run_dir)
+
+
+def test_the_view_check_names_each_file_a_view_reads_and_none_when_hidden(tmp_path, run_dir):
+    """checks at tag start that train.py's view reads nothing of the repository (agent.py refuses to start if so)."""
+    require_bwrap()
+    repo = fake_repo(tmp_path / "repo")
+    (repo / "empty").write_text("")                           # reveals nothing: not tried
+    venv = repo / ".venv"                                      # shown on purpose inside the repository: not tried
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr\n")
+
+    def view(expose, hide=()):
+        return lambda argv: sandbox.wrap(argv, run_dir=run_dir, expose=[*expose, Path(sys.prefix)], hide=hide)
+    shown = sandbox.readable_inside(view([repo]), [repo], [venv])
+    assert shown == [str(repo / ".git" / "HEAD"), str(repo / "program.md"), str(repo / "results.tsv")]
+    assert sandbox.readable_inside(view([tmp_path, venv], hide=[repo]), [repo], [venv]) == []
+
+
+def test_a_folder_holding_a_home_is_bound_in_its_needed_parts_only(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    for name in ("bin", "lib", ".claude", ".sometool", "notes"):
+        (home / name).mkdir(parents=True)
+    for name in ("libcuda.so", "libfoo.so.1.2", "pyvenv.cfg", "secrets.json", "notes.so.txt"):
+        (home / name).write_text("x")
+    monkeypatch.setenv("HOME", str(home))
+    assert sandbox.narrow(home.resolve()) == [home.resolve() / n for n in ("bin", "lib", "libcuda.so",
+                                                                            "libfoo.so.1.2", "pyvenv.cfg")]
+    assert sandbox.narrow(tmp_path.resolve()) == []             # holds the home, needs nothing of it
+    assert sandbox.narrow((home / "lib").resolve()) == [(home / "lib").resolve()]   # inside it: as it is
