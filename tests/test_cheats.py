@@ -402,31 +402,31 @@ def under_usr(tmp_path, monkeypatch):
     import shutil
     import uuid
     from pathlib import Path
-    from agent_target import SECRET, make_target
     if os.getuid() != 0:
         pytest.skip("writes under /usr: root only")
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     roots = [Path("/usr/src") / name, Path("/usr/local/share") / name, Path("/usr/share") / name, Path("/usr/lib") / name]
-    cache = roots[1] / "cache"
-    cache.mkdir(parents=True)
-    (cache / "ready").touch()
-    (cache / "val.txt").write_text("the held-out answers")
-    clone = roots[2] / "clone"
-    make_target(clone)
-    (clone / "results.tsv").write_text("commit\tval_bpb\n")
-    other = roots[2] / "other-cache"
-    other.mkdir()
-    (other / "prepared.json").write_text("{}")
-    (other / "val.parquet").write_text("another tag's val split")
-    model = roots[3] / "hub" / "models--someone--gpt" / "snapshots" / "abc"
-    model.mkdir(parents=True)
-    (model / "model.json").write_text('{"LR": 0.05}')
-    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
-    monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
-    sandbox.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
+    from agent_target import SECRET, make_target
     try:
+        cache = roots[1] / "cache"
+        cache.mkdir(parents=True)
+        (cache / "ready").touch()
+        (cache / "val.txt").write_text("the held-out answers")
+        clone = roots[2] / "clone"
+        make_target(clone)
+        (clone / "results.tsv").write_text("commit\tval_bpb\n")
+        other = roots[2] / "other-cache"
+        other.mkdir()
+        (other / "prepared.json").write_text("{}")
+        (other / "val.parquet").write_text("another tag's val split")
+        model = roots[3] / "hub" / "models--someone--gpt" / "snapshots" / "abc"
+        model.mkdir(parents=True)
+        (model / "model.json").write_text('{"LR": 0.05}')
+        monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+        monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+        sandbox.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
         yield make_target(roots[0] / "app"), {"val": cache / "val.txt", "clone": clone / "results.tsv",
                                               "other": other / "val.parquet", "model": model / "model.json"}
     finally:

@@ -202,8 +202,8 @@ def places(request, tmp_path):
     import uuid
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     roots = [Path("/usr/local/share") / name, Path("/usr/src") / name]
-    sandbox.foreign_trees.cache_clear()
     try:
+        sandbox.foreign_trees.cache_clear()
         yield roots[0], roots[1] / "repo"
     finally:
         for root in roots:
