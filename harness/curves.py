@@ -1,8 +1,9 @@
 """
 HARNESS: learning curves and the early-cancel rule, the one place that rule exists. A run's curve is read from the
 progress lines train.py prints while it trains (program.md's contract: `step N (P%) | loss: L | lrm: M | ... |
-tok/s: T`), kept beside its log as <log stem>.curve.json, and compared with the curves of the best it was built on:
-a candidate whose loss at the same point of the same schedule is clearly behind is stopped early (a discard).
+tok/s: T`), kept beside its log as <log stem>.curve.json, and compared with the curves of the best it was built on
+(or the baseline's: which curves are evidence, below): a candidate whose loss at the same point of the same schedule
+is clearly behind is stopped early (a discard).
 
 The rule (issue 23; the pruning idea of Optuna's MedianPruner and PatientPruner, held to the same progress fraction
 because the learning-rate schedule is a function of the budget's progress, so curves cross and a cut run is not a
@@ -16,9 +17,24 @@ a candidate that changes the schedule (a constant named like SCHEDULE differs fr
 differs from the best's at the same progress) or what its printed loss measures (a line mentioning the loss,
 dropout or smoothing differs: exempt), a run whose speed probe differs from the best's, a train.py that prints no
 progress lines.
+
+Which curves are evidence (issue 35; `yardstick`): a printed curve is what train.py chose to print, so one is compared
+only where the human's code printed it. A train.py is trusted when its source differs from experiment 0's (the tag's
+original, human-written train.py) in nothing but lines that assign an UPPER_CASE constant a plain literal (numbers and
+arithmetic on them like `2**19` or `-1e-3`, strings without quotes inside, True/False/None, tuples and lists of
+those; no name on the right: `X = DEPTH * 2` is code), comments and blank lines aside: with only literal constants
+changed, what the printed loss measures is what the human's code prints. A kept train.py with code of its own could
+print its loss minus an offset for as long as the constants a successor would change keep their values, or its
+successors' plus one, and so have every successor cancelled however good (a lock-in). So: nothing is watched unless
+this hardware epoch's baseline is trusted (its curves give the noise); a trusted best's curves are the yardstick
+(the rule as above); when the best is not trusted its code is inherited by the candidate, which is then watched only
+when its own train.py is trusted (it dropped that code), against the baseline's curves (its run at the candidate's
+seed, or their mean). A candidate's own changes print only its own curve: `exempt` keeps them from a comparison
+that would not be like with like.
 """
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -44,6 +60,14 @@ LRM = re.compile(r"\|\s*lrm:?\s*([-+\d.eE]+)")
 TOKENS = re.compile(r"\|\s*tok(?:ens)?/s(?:ec)?:?\s*([\d,]+(?:\.\d+)?)")
 LOSS_LINE = re.compile(r"loss|dropout|smooth", re.IGNORECASE)   # a changed line with these: another printed loss
 ASSIGN = re.compile(r"\s*([A-Z][A-Z0-9_]*)\s*(?::[^=]*)?=(?!=)(.*)")
+CONSTANT = re.compile(r"(\s*)([A-Z][A-Z0-9_]*)\s*=(?!=)(.*)")    # no annotation: it is evaluated, code
+# one token of a plain literal: blanks, a number, a string without quotes or escapes (never next to a quote: three
+# in a row open a string that runs over the next lines), a constant, an operator
+LITERAL = re.compile(r"\s+|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][-+]?\d[\d_]*)?j?(?!\w)"
+                     r"""|'[^'"\\\n]*'(?!')|"[^'"\\\n]*"(?!")|(?:True|False|None)\b|\*\*|//|[-+*/%(),\[\]]""",
+                     re.ASCII)
+CODING = re.compile(r"[ \t\f]*#.*?coding[:=]")   # PEP 263's encoding cookie: utf-7 hides code in comments
+NEWLINE = re.compile(r"\r\n?|\n")                                 # Python's line ends (str.splitlines has more)
 ROW = re.compile(r"\(cancelled at (\d+)%\)$")      # how a results.tsv row of a cancelled run ends
 
 
@@ -133,15 +157,17 @@ def of_log(log):
 
 @dataclasses.dataclass
 class Watcher:
-    """What a candidate's first run is held to while it trains: the best's curves, the baseline's, k and warmup
-    (see decide). Plain data: it travels to a Ray worker in the payload, and the rule runs where the log is."""
+    """What a candidate's first run is held to while it trains: the yardstick's curves (the best's, or the
+    baseline's: see yardstick), the baseline's, k and warmup (see decide). Plain data: it travels to a Ray worker in
+    the payload, and the rule runs where the log is."""
     best: list
     baseline: list
     k: float = K
     warmup: float = WARMUP
-    probe_s: float | None = None        # the best's speed probe (harness.conditions): a run probed otherwise is not
-    #                                     watched (its steps per share of the budget differ)
-    paired: object = None               # the best's Curve at the candidate's seed, when it has run there
+    probe_s: float | None = None        # the yardstick's speed probe (harness.conditions): a run probed otherwise is
+    #                                     not watched (its steps per share of the budget differ)
+    paired: object = None               # the yardstick's Curve at the candidate's seed, when it has run there
+    yardstick: str = "best"             # whose curves `best` and `paired` are: "best" or "baseline" (see yardstick)
 
     def live(self, log):
         """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so (never
@@ -154,7 +180,7 @@ class Watcher:
             if broken or len(curve.points) == before:
                 return None
             try:
-                return decide(curve, self.best, self.baseline, self.k, self.warmup, self.paired)
+                return decide(curve, self.best, self.baseline, self.k, self.warmup, self.paired, self.yardstick)
             except Exception:  # noqa: BLE001  (inf and nan in a kept curve break statistics in several ways)
                 broken = True
                 return None
@@ -220,12 +246,14 @@ def checkpoints(warmup=WARMUP):
 
 @dataclasses.dataclass
 class Cancel:
-    """A cancel decision: at progress `at`, the candidate's loss, the best's mean loss, the noise sd and k used."""
+    """A cancel decision: at progress `at`, the candidate's loss, the yardstick's loss there (`best`: the name events
+    have always used; the baseline's when yardstick says so), the noise sd and k used."""
     at: float
     loss: float
     best: float
     sd: float
     k: float
+    yardstick: str = "best"             # events before issue 35 have none: the best's
 
     @property
     def percent(self):
@@ -233,12 +261,13 @@ class Cancel:
 
     def words(self):
         """What the LLM's history and the console say."""
-        return (f"cancelled at {self.percent}%: loss {self.loss:.4f} vs the best's {self.best:.4f} at the same point "
-                f"(more than {self.k:g} x the noise sd {self.sd:.4f} behind at {CONSECUTIVE} checkpoints in a row)")
+        return (f"cancelled at {self.percent}%: loss {self.loss:.4f} vs the {self.yardstick}'s {self.best:.4f} at the "
+                f"same point (more than {self.k:g} x the noise sd {self.sd:.4f} behind at {CONSECUTIVE} checkpoints "
+                "in a row)")
 
     def fields(self):
         return {"at": self.at, "loss": round(self.loss, 6), "best": round(self.best, 6), "sd": round(self.sd, 6),
-                "k": self.k}
+                "k": self.k, "yardstick": self.yardstick}
 
 
 def noise(baseline, ps):
@@ -253,15 +282,15 @@ def noise(baseline, ps):
     return sds, pooled
 
 
-def decide(candidate, best, baseline, k=K, warmup=WARMUP, paired=None):
+def decide(candidate, best, baseline, k=K, warmup=WARMUP, paired=None, yardstick="best"):
     """The rule on what is known of a candidate's curve: the first CONSECUTIVE checkpoints in a row where its loss is
     more than k noise sds above the best's (see the module's text). candidate: a Curve; best, baseline: lists of
     Curves (the best's measured runs; the baseline's); paired: the best's run at the candidate's seed (the same init
     and data order), when there is one: then the reference at p is that run's loss and the threshold k x sd x
     sqrt(2) (two single runs, their correlation not counted on), else the mean of best and k x sd x sqrt(1 + 1/m).
     Returns a Cancel, or None (not behind, not yet known, or exempt: fewer than MIN_BASELINE baseline curves, no best
-    curve, another lrm at the same progress, no noise measured). The same answer live and replayed on a recorded
-    curve up to the same point."""
+    curve, another lrm at the same progress, no noise measured). yardstick: whose curves best and paired are (the
+    Cancel's words name it). The same answer live and replayed on a recorded curve up to the same point."""
     if len(baseline) < MIN_BASELINE or not best:
         return None
     ps = checkpoints(warmup)
@@ -283,7 +312,7 @@ def decide(candidate, best, baseline, k=K, warmup=WARMUP, paired=None):
         if sd > 0 and loss > reference + k * sd:
             streak += 1
             if streak >= CONSECUTIVE:
-                return Cancel(p, loss, reference, sd, k)
+                return Cancel(p, loss, reference, sd, k, yardstick)
         else:
             streak = 0
     return None
@@ -328,3 +357,60 @@ def schedule_changed(candidate, best):
         return found
     mine, theirs = assigned(candidate), assigned(best)
     return sorted(n for n in {*mine, *theirs} if mine.get(n) != theirs.get(n))
+
+
+def yardstick(candidate, best, baseline, original):
+    """Whose printed curves a candidate's first run may be held to, from the train.py sources of the candidate, the
+    best it was built on, this hardware epoch's baseline and experiment 0 (the original): ("best", why),
+    ("baseline", why) or (None, why: it is not watched). The rule is the module's text."""
+    if why := untrusted(baseline, original):
+        return None, f"this hardware's baseline's train.py {why}: its curves, the noise, are not evidence"
+    if not (why := untrusted(best, original)):
+        return "best", "the best's train.py is the original's code with other constants"
+    if untrusted(candidate, original):
+        return None, f"the best's train.py {why}, and the candidate inherits that code: its curve is not evidence"
+    return "baseline", f"the best's train.py {why}; the candidate's is the original's code with other constants"
+
+
+def untrusted(source, original):
+    """Why a train.py (source text) is not the original's code with other constants (see the module's text), or ""
+    when it is. The first line that differs is named."""
+    mine, theirs = code_lines(source), code_lines(original)
+    for (n, line), (m, other) in itertools.zip_longest(mine, theirs, fillvalue=(None, None)):
+        if line != other:
+            return f"differs from experiment 0's in code ({f'its line {n}' if n else f'it lacks line {m}'})"
+    return ""
+
+
+def code_lines(source):
+    """[(line number, text)] of a train.py as the trust test compares them: blank and comment-only lines left out, a
+    comment after code left out where no quote comes before it (else the line is compared whole), trailing blanks cut,
+    and a constant assigned a plain literal (literal) reduced to its indent and name. A comment that could be an
+    encoding cookie (CODING) is compared as written."""
+    found = []
+    for n, line in enumerate(NEWLINE.split(source), 1):
+        constant = CONSTANT.fullmatch(line) if len(line) <= MAX_LINE else None
+        if constant and literal(constant[3]):
+            found.append((n, f"{constant[1]}{constant[2]} ="))
+            continue
+        head = re.match(r"[^'\"#]*", line)[0]
+        code = (head if line[len(head):].startswith("#") and not CODING.match(line) else line).rstrip()
+        if code.strip():
+            found.append((n, code))
+    return found
+
+
+def literal(value):
+    """Whether value (what follows `NAME =`, a comment after it aside) is a plain literal: LITERAL's tokens only, its
+    brackets closed on the line. Token by token, never backtracking across them (a hostile line is long)."""
+    at, depth, seen = 0, 0, False
+    while at < len(value) and value[at] != "#":
+        token = LITERAL.match(value, at)
+        if token is None:
+            return False
+        at, text = token.end(), token[0]
+        depth += (text in ("(", "[")) - (text in (")", "]"))
+        seen = seen or not text.isspace()
+        if depth < 0:
+            return False
+    return seen and depth == 0

@@ -108,10 +108,10 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     (baseline runs, a candidate's further runs); train.py gets AUTORESEARCH_SEED = run_seed(s, n, run) and a fixed
     AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
     or the machine's speed changed): its artifact is not kept. device: the harness.pool.Device it runs on; None:
-    this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's
-    (cancel_watcher). The run's curve is kept beside its log (harness.curves); what its summary says of its device
-    and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`: harness.hardware). Safe
-    to call from several threads at once. Returns the runner's Outcome."""
+    this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's, or to
+    the baseline's (cancel_watcher). The run's curve is kept beside its log (harness.curves); what its summary says
+    of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
+    harness.hardware). Safe to call from several threads at once. Returns the runner's Outcome."""
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
     frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
@@ -175,33 +175,40 @@ def log_path(s, n, fix, run=0, best=False):
 
 def cancel_watcher(s, n, run, sha, base):
     """The curves.Watcher a run is held to, or None: only a candidate's first run (n > 0, run 0, not the best's) with
-    --cancel on, base's curves and at least curves.MIN_BASELINE of the baseline's known, and not exempt by what its
-    train.py changed (curves.exempt: the schedule, the printed loss; logged as a "cancel_exempt" event), and not
-    without the sandbox on several local devices. The Watcher carries the best's speed probe (a run probed otherwise
-    is not watched)."""
+    --cancel on, not without the sandbox on several local devices, with at least curves.MIN_BASELINE of this hardware
+    baseline's curves known; held to the curves curves.yardstick picks (the best's, or the baseline's when the best's
+    train.py is not the original's code and the candidate's is; a "cancel_yardstick" event says which and why, curves
+    None: not watched) where some are known, and not exempt by what its train.py changes against theirs
+    (curves.exempt: the schedule, the printed loss; a "cancel_exempt" event). The Watcher carries their speed probe (a
+    run probed otherwise is not watched) and their run at the candidate's seed."""
     if s.settings.cancel != "on" or not n or run or base is None or not s.history:
         return None
     if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
         return None                                            # other's logs: curves are then not evidence
     with s.lock:
-        best = dict(s.curves.get(base[:7], {}))
-        baseline = list(s.curves.get(ledger.baseline_of(s.history)["commit"], {}).values())
-    if not best or len(baseline) < curves.MIN_BASELINE:
+        baseline, original = ledger.baseline_of(s.history)["full_commit"], s.history[0]["full_commit"]
+        known = {c: dict(s.curves.get(c[:7], {})) for c in (base, baseline)}
+    if len(known[baseline]) < curves.MIN_BASELINE:
         return None
     try:
-        why = curves.exempt(*(file_at_bytes(s, c).decode("utf-8") for c in (sha, base)))
+        mine, best, theirs, original = (file_at_bytes(s, c).decode("utf-8") for c in (sha, base, baseline, original))
     except UnicodeDecodeError:
         return None
-    if why:
+    which, why = curves.yardstick(mine, best, theirs, original)
+    s.log("cancel_yardstick", n=n, curves=which, reason=why)
+    commit, source = (base, best) if which == "best" else (baseline, theirs)
+    if which is None or not known[commit]:
+        return None
+    if why := curves.exempt(mine, source):
         s.log("cancel_exempt", n=n, reason=why)
         return None
-    return curves.Watcher(list(best.values()), baseline, probe_s=best_probe(s, base),
-                          paired=best.get(run_seed(s, n, 0)))
+    return curves.Watcher(list(known[commit].values()), list(known[baseline].values()), probe_s=best_probe(s, commit),
+                          paired=known[commit].get(run_seed(s, n, 0)), yardstick=which)
 
 
 def mean_curve(best, curve, until):
     """[[progress, the mean loss of best's curves], ...] at the candidate curve's points up to `until` (the cancel
-    event: the best's run at the same seed, or the mean of its runs)."""
+    event: the yardstick's run at the same seed, or the mean of its runs)."""
     found = []
     for q in curve.points:
         values = [v for c in best if (v := c.at(q.progress)) is not None]
@@ -255,7 +262,8 @@ def judge(s, n, fix, first, base, base_metric, device=None):
 
 @locked
 def best_probe(s, base):
-    """The mean speed probe of the best's measured runs (None: none probed)."""
+    """The mean speed probe of commit base's measured runs (the best's; the baseline's as a yardstick; None: none
+    probed)."""
     probes = [p for _, p in s.measured.get(base[:7], {}).values() if p]
     return statistics.fmean(probes) if probes else None
 

@@ -1,5 +1,5 @@
 """Issue 23: learning curves read from train.py's progress lines, and the early-cancel rule (harness/curves.py), on
-hand-made curves; the loop's cancellations on the tiny target with curves (agent_target.CURVE_TRAIN)."""
+hand-made curves; the loop's cancellations on the tiny target with curves (CURVE_TRAIN)."""
 
 import contextlib
 import datetime
@@ -15,13 +15,13 @@ import time
 import git
 import optuna
 import pytest
-from agent_target import CURVE_BUDGET, edit
+from agent_target import CURVE_BUDGET, CURVE_TRAIN, edit
 from helpers import AGENT, REPO, events, page_data, rows
 from llm_server import ScriptedLLM
 
 import agent
 import report
-from harness import curves, runner
+from harness import curves, edits, runner
 from harness.ledger import Row
 
 REAL_LINE = ("step 00412 ({p:.1f}%) | loss: {loss:.4f} | lrm: {lrm:.2f} | dt: 312ms | tok/s: 13,120 | mfu: 1.2% | "
@@ -102,6 +102,49 @@ def test_exempt_with_one_baseline_curve_a_changed_schedule_or_before_it_is_known
         "WARMDOWN_RATIO"]
     assert curves.schedule_changed("WARMUP_RATIO = 0.0\nX = 1\n", "X = 1\n") == ["WARMUP_RATIO"]
     assert curves.schedule_changed("FINAL_LR_FRAC = 0.0  # end\n", "FINAL_LR_FRAC = 0.0\n") == []
+
+
+def test_only_a_train_py_that_changes_literal_constants_of_the_original_is_trusted():
+    original = (REPO / "train.py").read_text()
+
+    def line_of(source, text):
+        return source.splitlines().index(text) + 1
+
+    literals = (original.replace("    TOTAL_BATCH_SIZE = 2**19", "    TOTAL_BATCH_SIZE = 8 * 64")
+                .replace("WEIGHT_DECAY = 0.2        # Muon,", "WEIGHT_DECAY = -1e-3  # was 0.2; Muon,")
+                .replace('    WINDOW_PATTERN = "L"', "    WINDOW_PATTERN = ('SL', [True, None], 2.5e-1)")
+                .replace("ADAM_BETA1 = 0.8\n", "ADAM_BETA1 = 0.9\n# a comment\n\n")      # comments and blanks aside
+                .replace("smooth_loss = 0.0\n", "smooth_loss = 0.0  # a comment after code\n"))
+    assert literals != original and curves.untrusted(literals, original) == ""
+    code = {"X = DEPTH * 2": original.replace("ADAM_BETA1 = 0.8", "ADAM_BETA1 = SCALAR_LR * 2"),
+            "a changed print line": original.replace("loss: {debiased:.4f}", "loss: {debiased - 0.1:.4f}"),
+            "an added helper line": original.replace("smooth_loss = 0.0\n", "smooth_loss = 0.0\n_o = 1.0\n"),
+            "a conditional offset": original.replace("ADAM_BETA1 = 0.8\n", "ADAM_BETA1 = 0.8\n"
+                                                     "OFFSET = 1.0 if DEPTH == 8 and MATRIX_LR == 0.04 else 0.0\n"),
+            "an annotation": original.replace("ADAM_BETA1 = 0.8", "ADAM_BETA1: print() = 0.8"),
+            "a bracket left open": original.replace("ADAM_BETA1 = 0.8", "ADAM_BETA1 = (0.8,")}
+    beta, smooth = line_of(original, "ADAM_BETA1 = 0.8"), line_of(original, "smooth_loss = 0.0")
+    printed = next(i for i, line in enumerate(original.splitlines(), 1) if "| loss: {debiased:.4f}" in line)
+    assert {what: curves.untrusted(source, original) for what, source in code.items()} == {
+        "X = DEPTH * 2": f"differs from experiment 0's in code (its line {beta})",
+        "a changed print line": f"differs from experiment 0's in code (its line {printed})",
+        "an added helper line": f"differs from experiment 0's in code (its line {smooth + 1})",
+        "a conditional offset": f"differs from experiment 0's in code (its line {beta + 1})",
+        "an annotation": f"differs from experiment 0's in code (its line {beta})",
+        "a bracket left open": f"differs from experiment 0's in code (its line {beta})"}
+    last = original.rstrip().splitlines()
+    assert curves.untrusted("\n".join(last[:-1]), original) == \
+        f"differs from experiment 0's in code (it lacks line {len(last)})"
+    # a comment is only cut where no quote comes before its #: a change after a "#" in a string is code
+    assert curves.untrusted('s = "#" + str(loss - 1)\n', 's = "#" + str(loss)\n') == \
+        "differs from experiment 0's in code (its line 1)"
+    assert curves.untrusted("A = 1  # x\nb = A # y\n", "A = 2\nb = A\n") == ""
+    # what the text shows is not what Python runs: a utf-7 cookie makes `+AAo-` in a comment a line break, and a
+    # "literal" that opens a triple-quoted string turns the lines after it into text
+    assert curves.untrusted("# coding: utf-7\nA = 1\n# +AAo-A = 2\n", "A = 1\n") == \
+        "differs from experiment 0's in code (its line 1)"
+    assert curves.untrusted('A = """""  "\nb = 1\n"""\n', 'A = ""\nb = 1\n"""\n') == \
+        "differs from experiment 0's in code (its line 1)"
 
 
 def test_values_no_one_believes_are_ignored_and_the_watch_never_raises(tmp_path):
@@ -281,6 +324,68 @@ def test_ray_runs_the_rule_inside_the_task_and_frees_its_slot(curve_target, monk
     assert ends[1]["kind"] == "cancelled" and ends[1]["device"].startswith("ray:")
     assert ends[1]["train_seconds"] < BUDGET
     assert [e["n"] for e in events(curve_target, "cancel")] == [1]
+
+
+# A kept train.py that prints its loss minus 1.0 while LR keeps its value, the offset computed on a line without
+# "loss" (issue 35): exempt on its own run (its loss line changed), kept on the evaluator's number (1.058)
+PRINT = next(line for line in CURVE_TRAIN.format().splitlines() if "| loss: {loss:.4f} |" in line)
+OFFSET = edit("LR to 0.045", "LR = 0.04\nDEPTH = 8", "LR = 0.045\nDEPTH = 8\n_o = 1.0 if LR == 0.045 else 0.0") + edit(
+    "", PRINT, PRINT.replace("{loss:", "{loss - _o:")).split("\n", 1)[1]
+SUCCESSOR = edit("LR to 0.05", "LR = 0.045\nDEPTH = 8", "LR = 0.05\nDEPTH = 8")         # 1.008, its true loss printed
+REVERTED = edit("LR way up, the loss printed as it was", "LR = 0.05\nDEPTH = 8\n_o = 1.0 if LR == 0.045 else 0.0",
+                "LR = 0.5\nDEPTH = 8") + edit(                                  # 5.508, the original's code again
+    "", PRINT.replace("{loss:", "{loss - _o:"), PRINT).split("\n", 1)[1]
+
+
+@pytest.mark.slow
+def test_a_kept_train_py_that_prints_a_false_loss_locks_in_no_successor(curve_target):
+    target = curve_target
+    with ScriptedLLM([OFFSET, SUCCESSOR, REVERTED]) as llm:
+        assert loop(target, llm, "--max-experiments", "3", "--no-speculate") == 0
+    assert [r.split("\t")[1:] for r in rows(target)] == [
+        ["1.108000", "0.0", "keep", "baseline (3 runs)"],
+        ["1.058000", "0.0", "keep", "LR to 0.045"],
+        ["1.008000", "0.0", "keep", "LR to 0.05"],             # truly better, its printed loss 0.95 above #1's
+        ["0.000000", "0.0", "discard", "LR way up, the loss printed as it was (cancelled at 75%)"]]
+    ends = {e["n"]: e for e in events(target, "run_end")}
+    assert ends[2]["kind"] == "ok" and ends[2]["train_seconds"] >= BUDGET
+    assert [(e["n"], e["reason"]) for e in events(target, "cancel_exempt")] == [
+        (1, "it changes a line that computes or prints the loss")]
+    # #2 inherits #1's code: its curve is not evidence; #3 is the human's code again, held to the baseline's curves
+    yardsticks = events(target, "cancel_yardstick")
+    assert [(e["n"], e["curves"]) for e in yardsticks] == [(1, "best"), (2, None), (3, "baseline")]
+    assert yardsticks[1]["reason"] == ("the best's train.py differs from experiment 0's in code (its line 11), and the "
+                                       "candidate inherits that code: its curve is not evidence")
+    cancel = events(target, "cancel")
+    assert [(e["n"], e["yardstick"], e["paired"]) for e in cancel] == [(3, "baseline", False)]
+    assert "vs the baseline's " in cancel[0]["words"] and cancel[0]["best"] < 2.0 < cancel[0]["loss"]
+
+
+def test_the_yardstick_is_the_best_while_it_is_the_originals_code_else_the_baseline_or_nothing():
+    original = CURVE_TRAIN.format()
+    tuned, minus = original.replace("LR = 0.04", "LR = 0.045"), edits.apply_answer(OFFSET, original)[1]
+    plus = minus.replace("1.0 if LR == 0.045 else 0.0", "0.0 if LR == 0.045 else 1.0").replace(
+        "{loss - _o:", "{loss + _o:")                                   # not the best's curve: its successors' too high
+    successor = original.replace("LR = 0.04", "LR = 0.05")
+    assert curves.yardstick(successor, tuned, original, original) == (
+        "best", "the best's train.py is the original's code with other constants")
+    for hostile in (minus, plus):     # held to the baseline's curves, a successor of `plus` would still print +1.0
+        inherits = hostile.replace("LR = 0.045", "LR = 0.05")
+        assert curves.yardstick(inherits, hostile, original, original) == (
+            None, "the best's train.py differs from experiment 0's in code (its line 11), and the candidate inherits "
+                  "that code: its curve is not evidence")
+        assert curves.yardstick(successor, hostile, original, original) == (
+            "baseline", "the best's train.py differs from experiment 0's in code (its line 11); the candidate's is the "
+                        "original's code with other constants")
+        # a re-baseline on new hardware commits the best's train.py: its curves (the noise) are not evidence either
+        assert curves.yardstick(successor, hostile, hostile, original) == (
+            None, "this hardware's baseline's train.py differs from experiment 0's in code (its line 11): its curves, "
+                  "the noise, are not evidence")
+    # the words say whose curves; an event from before issue 35 (no yardstick) was the best's
+    fields = curves.Cancel(0.8, 3.41, 3.3, 0.01, 3.0, "baseline").fields()
+    assert curves.Cancel(**fields).words().startswith("cancelled at 80%: loss 3.4100 vs the baseline's 3.3000 at the")
+    del fields["yardstick"]
+    assert curves.Cancel(**fields).words().startswith("cancelled at 80%: loss 3.4100 vs the best's 3.3000 at the")
 
 
 def ts(event):
