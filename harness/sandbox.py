@@ -91,10 +91,17 @@ CREDENTIALS = ("~/.netrc", "~/.git-credentials", "~/.ssh", "~/.gnupg", "~/.aws",
 SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec", "include", "share")
 USR_LOCAL = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "include", "cuda", "cuda-*", "nvidia")
-# A folder holding a home directory is bound only in these parts (and its shared libraries): what a Python prefix
-# (bin, lib, include, pyvenv.cfg) or a CUDA or library folder (lib64, nvvm, targets) needs, never the credentials of
-# every tool kept in the home (~/.claude, ~/.codex, ...: a deny-list would fail open for the tools it does not name).
-NEEDED = ("bin", "lib", "lib32", "lib64", "libexec", "include", "nvvm", "targets", "pyvenv.cfg")
+# A folder the environment names that holds a home directory, or a prefix or library folder inside one, is bound only
+# in the parts its role needs: a Python prefix (PREFIX), CUDA_HOME (CUDA), a library folder its shared libraries
+# alone; any other folder holding a home the union (NEEDED). Never the credentials every tool keeps in a home
+# (~/.claude, ~/.codex, ...: a deny-list would fail open for the tools it does not name).
+PREFIX = ("bin", "lib", "lib64", "include", "pyvenv.cfg")
+CUDA = ("bin", "lib", "lib64", "include", "nvvm", "targets")
+NEEDED = tuple(sorted({*PREFIX, *CUDA}))
+# The folders of /usr whose entries the package manager records: an entry no package installed (a checkout, a copy of
+# the data, a system user's home such as /usr/share/ollama) is no system's, and hidden (packaged()).
+PACKAGED = ("share", "lib", "lib32", "lib64", "libx32", "libexec", "include")
+DPKG_INFO = Path("/var/lib/dpkg/info")
 SHARED_LIBRARY = re.compile(r"\.so(\.[\d.]+)?$")
 # /etc: what the dynamic linker, the C library, compilers (torch.compile, Triton) and Python read; no shadow files,
 # no ssh host keys, no private TLS keys.
@@ -134,42 +141,55 @@ def credential_paths():
 
 def environment():
     """The Python environment a run needs, read-only: the prefixes of this interpreter and of its base (a venv's
-    python is a link to it), their site-packages and the targets of links at their top level (a uv cache in symlink
-    mode), existing LD_LIBRARY_PATH and CUDA_HOME folders. A list of Paths (wrap binds a folder that holds a home
-    directory only in part: narrow). No model of the Hugging Face cache: a target declares the ones it reads."""
+    python is a link to it), their standard library and site-packages and the targets of links at their top level (a
+    uv cache in symlink mode), existing LD_LIBRARY_PATH and CUDA_HOME folders, each narrowed to what its role needs
+    where it holds a home directory or lies in one (narrow). A list of Paths. No model of the Hugging Face cache: a
+    target declares the ones it reads."""
     import site
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages()}
+    import sysconfig
+    folders = {*site.getsitepackages(), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
     for folder in site.getsitepackages():
         try:
-            paths.update(str(Path(e.path).resolve()) for e in os.scandir(folder) if e.is_symlink())
+            folders.update(str(Path(e.path).resolve()) for e in os.scandir(folder) if e.is_symlink())
         except OSError:
             pass
     if os.environ.get("UV_LINK_MODE") == "symlink":
-        paths.add(os.environ.get("UV_CACHE_DIR") or str(Path("~/.cache/uv").expanduser()))
-    extra = os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
-    paths.update(p for p in extra if os.path.isabs(p))
-    return [Path(p) for p in sorted(paths) if Path(p).exists()]
+        folders.add(os.environ.get("UV_CACHE_DIR") or str(Path("~/.cache/uv").expanduser()))
+    roles = [(p, NEEDED, False) for p in folders]
+    roles += [(p, PREFIX, True) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)]
+    roles += [(p, (), True) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")]
+    roles += [(os.environ.get("CUDA_HOME", ""), CUDA, True)]
+    found = {part for p, needed, inside in roles if os.path.isabs(p) and Path(p).exists()
+             for part in narrow(Path(p), needed, inside)}
+    return sorted(found)
 
 
 def homes():
-    """The home directories here (resolved): yours ($HOME), root's and each folder of /home. Every tool keeps its
-    credentials in one."""
+    """The home directories here (resolved): yours ($HOME), root's, each folder of /home and every account's in
+    /etc/passwd (a service's home such as /usr/share/ollama holds its keys), but none that is or holds a folder of
+    the system (daemon's /usr/sbin, a home of /). Every tool keeps its credentials in one."""
+    import pwd
     found = {Path.home(), Path("/root")}
     try:
         found.update(p for p in Path("/home").iterdir() if p.is_dir())
+        found.update(Path(e.pw_dir) for e in pwd.getpwall() if e.pw_dir.startswith("/"))
     except OSError:
         pass
-    return sorted({p.resolve() for p in found if p.exists()})
+    system = [root for root, link in system_view() if link is None] + [Path(p) for p in ("/dev", "/proc", "/sys")]
+    return sorted({p.resolve() for p in found if p.is_dir() and not any(r.is_relative_to(p.resolve()) or
+                                                                        p.resolve() == r for r in system)})
 
 
-def narrow(path):
-    """What of `path` is bound when it holds a home directory (it is one, or one lies inside it): its NEEDED parts
-    and the shared libraries right in it (what the dynamic linker reads from an LD_LIBRARY_PATH folder), never the
-    rest; `path` itself otherwise. A list of Paths."""
-    if not any(home.is_relative_to(path) for home in homes()):
+def narrow(path, needed=NEEDED, inside=False):
+    """What of folder `path` is bound when it holds a home directory (it is one, or one lies inside it) or, with
+    inside, lies in one: its `needed` parts and the shared libraries right in it (what the dynamic linker reads from
+    an LD_LIBRARY_PATH folder; a link only to another shared library), never the rest; [path] otherwise."""
+    real = path.resolve()
+    if not any(home.is_relative_to(real) or inside and real.is_relative_to(home) for home in homes()):
         return [path]
     try:
-        return sorted(e for e in path.iterdir() if e.name in NEEDED or SHARED_LIBRARY.search(e.name) and e.is_file())
+        return sorted(e for e in path.iterdir() if e.name in needed or SHARED_LIBRARY.search(e.name) and e.is_file()
+                      and SHARED_LIBRARY.search(e.resolve().name))
     except OSError:
         return []
 
@@ -229,9 +249,10 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
                         ("rw", [run_dir] if run_dir else [])):
         for given in paths:
             path = Path(given).resolve()
-            if not path.exists() or path == Path("/") or kind == "ro" and _in_system(path) and \
-                    not any(path.is_relative_to(h) for h in [*hidden, *foreign_trees()]):
-                continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr: there already
+            if not path.exists() or path == Path("/") or kind == "ro" and (_in_system(path) and not any(
+                    path.is_relative_to(h) for h in [*hidden, *foreign_trees()]) or _holds_system(path)):
+                continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr, CUDA_HOME=/usr,
+                #                                      a venv of the system's Python (prefix /usr): there already
             named = Path(os.path.abspath(Path(given).expanduser()))
             for part in narrow(path) if kind == "ro" else [path]:     # never a home directory whole
                 mounts[part] = kind                  # the later kind wins: hidden over readable, the run dir over all
@@ -279,6 +300,12 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
             *args[1:at], "--seccomp", "{seccomp}", *args[at:]]
 
 
+def _holds_system(path):
+    """Whether path holds a folder of the system part of the view (/usr, /usr/local): what a run needs of it is there
+    already, and binding it whole would show what the view leaves out (/usr/src, /usr/local/share)."""
+    return any(root.is_relative_to(path) for root, link in system_view() if link is None)
+
+
 def _in_system(path):
     """Whether path lies in the system part of the view (a folder of system_view() bound as a folder, not a link)."""
     return any(path.is_relative_to(root) for root, link in system_view() if link is None)
@@ -302,20 +329,52 @@ def _foreign(folder, names):
 
 
 @functools.cache
+def packaged():
+    """The entries of /usr's PACKAGED folders that a package installed ({"/usr/share/doc", ...}: dpkg's file lists;
+    a merged-/usr system records /lib/x for /usr/lib/x), or None where there is no dpkg database (then only the
+    marks of _foreign find what is no system's). Read once a process (about 0.4 s for 800 packages)."""
+    if not DPKG_INFO.is_dir():
+        return None
+    found = set()
+    for listing in DPKG_INFO.glob("*.list"):
+        try:
+            lines = listing.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split("/", 4)
+            if len(parts) >= 4 and parts[1] == "usr":
+                found.add(f"/usr/{parts[2]}/{parts[3]}")
+            elif len(parts) >= 3 and parts[1].startswith("lib"):
+                found.add(f"/usr/{parts[1]}/{parts[2]}")
+    return found
+
+
+@functools.cache
 def foreign_trees():
-    """The folders inside the system part of the view that are no system's (see _foreign): another clone of a
-    project, a data cache, hub models someone put under /usr/share or /usr/local/lib. Hidden in every view (their
-    outermost folder). Walked once a process (about half a second for 15,000 folders), links not followed."""
-    found = []
+    """What lies inside the system part of the view and is no system's, hidden in every view: an entry of /usr's
+    PACKAGED folders that no package installed (packaged(); a link aside: update-alternatives makes some, and what
+    it points to is in view or not by itself), a home of an account inside a system folder, and any
+    folder with the marks of _foreign (another clone of a project, a data cache, hub models someone put under
+    /usr/local/lib). Walked once a process (about half a second for 15,000 folders), links not followed."""
+    roots = [root for root, link in system_view() if link is None]
+    found = [h for h in homes() if any(h.is_relative_to(r) and h != r for r in roots)]
+    owned = packaged()
+    for root in roots if owned is not None else ():
+        if root.parent == Path("/usr") and root.name in PACKAGED:
+            try:
+                found += sorted(e for e in root.iterdir() if str(e) not in owned and not e.is_symlink())
+            except OSError:
+                pass
     for root, link in system_view():
         if link is not None:
             continue
         for top, dirs, files in os.walk(root, onerror=lambda e: None):
             here = Path(top)
-            if _foreign(here, {*dirs, *files}):
+            if here in found or _foreign(here, {*dirs, *files}):
                 found.append(here)
                 dirs[:] = []
-    return found
+    return sorted(set(found))
 
 
 def _namespaces(confine):

@@ -419,6 +419,10 @@ def under_usr(tmp_path, monkeypatch):
         other.mkdir()
         (other / "prepared.json").write_text("{}")
         (other / "val.parquet").write_text("another tag's val split")
+        (roots[0] / "clone" / ".git").mkdir(parents=True)        # beside the repository and the cache: never bound
+        (roots[0] / "clone" / "results.tsv").write_text("commit\tval_bpb\n")
+        (roots[1] / "copy").mkdir()
+        (roots[1] / "copy" / "val.txt").write_text("the held-out answers")
         model = roots[3] / "hub" / "models--someone--gpt" / "snapshots" / "abc"
         model.mkdir(parents=True)
         (model / "model.json").write_text('{"LR": 0.05}')
@@ -428,16 +432,23 @@ def under_usr(tmp_path, monkeypatch):
         monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
         sandbox.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
         yield make_target(roots[0] / "app"), {"val": cache / "val.txt", "clone": clone / "results.tsv",
-                                              "other": other / "val.parquet", "model": model / "model.json"}
+                                              "other": other / "val.parquet", "model": model / "model.json",
+                                              "src_clone": roots[0] / "clone" / "results.tsv",
+                                              "share_copy": roots[1] / "copy" / "val.txt"}
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
         sandbox.foreign_trees.cache_clear()
 
 
-def test_nothing_under_usr_but_the_system_is_in_train_pys_view(under_usr):
+# CUDA_HOME=/usr (the apt toolkit's usual setting) or a venv of the system's Python (prefix /usr) named a folder
+# holding /usr and /usr/local: they were bound whole, /usr/src and /usr/local/share with them (a hostile review).
+@pytest.mark.parametrize("variables", [{}, {"CUDA_HOME": "/usr", "LD_LIBRARY_PATH": "/usr/local"}])
+def test_nothing_under_usr_but_the_system_is_in_train_pys_view(under_usr, monkeypatch, variables):
     """Before, the view bound /usr whole and a hide inside it was dropped: train.py read the val split, results.tsv,
     .git/config, another clone's files and hub models planted under /usr (a hostile test)."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
     target, planted = under_usr
     named = {**planted, "results": target / "results.tsv", "git_config": target / ".git" / "config",
              "prepare": target / "prepare.py"}

@@ -329,3 +329,47 @@ def test_a_folder_holding_a_home_is_bound_in_its_needed_parts_only(tmp_path, mon
                                                                             "libfoo.so.1.2", "pyvenv.cfg")]
     assert sandbox.narrow(tmp_path.resolve()) == []             # holds the home, needs nothing of it
     assert sandbox.narrow((home / "lib").resolve()) == [(home / "lib").resolve()]   # inside it: as it is
+
+
+def test_a_prefix_or_library_folder_inside_a_home_is_bound_in_its_needed_parts(tmp_path, monkeypatch):
+    """A Python built with --prefix=$HOME/.local exposed ~/.local whole (shell history, uv's credentials): a hostile
+    review. A prefix keeps bin, lib, include; a library folder its shared libraries; a data folder stays whole."""
+    home = tmp_path / "home"
+    local = home / ".local"
+    for name in ("bin", "lib", "include", "share/fish", "share/uv/credentials"):
+        (local / name).mkdir(parents=True)
+    (local / "lib" / "libpython3.11.so.1.0").write_text("x")
+    (local / "secret.so").symlink_to(local / "share" / "uv" / "credentials")   # a link named like a library
+    monkeypatch.setenv("HOME", str(home))
+    assert sandbox.narrow(local, sandbox.PREFIX, inside=True) == [local / n for n in ("bin", "include", "lib")]
+    assert sandbox.narrow(local / "lib", (), inside=True) == [local / "lib" / "libpython3.11.so.1.0"]
+    assert sandbox.narrow(local / "share") == [local / "share"]
+
+
+def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidden(monkeypatch):
+    """/usr/share/ollama (Ollama's account's home: its private key and models), a copy of the data under /usr/share
+    and a clone inside a packaged folder were readable (a hostile review)."""
+    import pwd
+    import shutil
+    if os.getuid() != 0 or sandbox.packaged() is None:
+        pytest.skip("writes under /usr (root) and reads dpkg's records")
+    name = f"ar-test-{uuid.uuid4().hex[:8]}"
+    service, copy = Path("/usr/share") / f"{name}-svc", Path("/usr/share") / f"{name}-val.parquet"
+    clone = Path("/usr/lib/python3/dist-packages") / name
+    real = pwd.getpwall
+    monkeypatch.setattr(pwd, "getpwall", lambda: [*real(), pwd.struct_passwd(
+        (name, "x", 999, 999, "", str(service), "/usr/sbin/nologin"))])
+    try:
+        (service / ".ollama").mkdir(parents=True)
+        copy.write_text("the val split")
+        (clone / ".git").mkdir(parents=True)
+        sandbox.foreign_trees.cache_clear()
+        found = sandbox.foreign_trees()
+        assert {service, copy, clone} <= set(found)
+        assert Path("/usr/share/doc") not in found and Path("/usr/lib/python3") not in found
+        assert service in sandbox.homes()
+    finally:
+        for path in (service, clone):
+            shutil.rmtree(path, ignore_errors=True)
+        copy.unlink(missing_ok=True)
+        sandbox.foreign_trees.cache_clear()
