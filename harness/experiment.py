@@ -7,6 +7,7 @@ proposes (harness.ideas) and never decides the rule (harness.verdict).
 """
 
 import dataclasses
+import hashlib
 import secrets
 import shutil
 import statistics
@@ -434,19 +435,25 @@ def record_baseline(s, outcomes, t0, spend0):
     console.say(max_wall(s).words())
 
 
-def seed_of(n, run):
-    """The seed of run `run` of experiment n under the margin rule: distinct for every run of a tag, so that repeated
-    runs measure the spread that init and data order cause (the noise floor), and the same on a resume."""
-    return 1000 * n + run
+def seed_of(seed_base, n, run):
+    """The seed of run `run` of experiment n under the margin rule: the tag's secret seed_base, n and run hashed
+    (sha256) to a number below 2**31. Distinct for every run of a tag (two runs share one with odds of 1 in 2**31), so
+    that repeated runs measure the spread that init and data order cause (the noise floor); the same on a resume
+    (seed_base is recorded with the baseline); and, unlike 1000 n + run, it tells train.py neither which experiment
+    nor which of its runs it is."""
+    digest = hashlib.sha256(f"{seed_base}:{n}:{run}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 2**31
 
 
 def run_seed(s, n, run):
-    """The seed of run `run` of experiment n: under the paired rule the tag's seed_base + run for every experiment
-    (the baseline's run r and each candidate's run r share init and data order: common random numbers), drawn at
-    random when the tag starts so that no train.py can be written for it; else seed_of(n, run)."""
-    if s.rule.is_paired and s.seed_base is not None:
-        return s.seed_base + run
-    return seed_of(n, run)
+    """The seed of run `run` of experiment n, from the tag's seed_base (drawn at random when the tag starts, recorded
+    with the baseline, so that no train.py can be written for it): under the paired rule seed_base + run for every
+    experiment (the baseline's run r and each candidate's run r share init and data order: common random numbers),
+    else seed_of(seed_base, n, run). A tag whose baseline recorded no seed_base (from before it was drawn) keeps the
+    seeds it was measured with, 1000 n + run."""
+    if s.seed_base is None:
+        return 1000 * n + run
+    return s.seed_base + run if s.rule.is_paired else seed_of(s.seed_base, n, run)
 
 
 def max_wall(s):

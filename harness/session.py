@@ -91,8 +91,8 @@ class Session:
     events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
     start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
     #                                     event (a `try` refused after open_session logs nothing)
-    seed_base: int | None = None        # the paired rule's seeds: run r of every experiment uses seed_base + r (drawn
-    #                                     at random when the tag starts, recorded with the baseline; None: 1000 n + r)
+    seed_base: int | None = None        # the tag's secret for its seeds (experiment.run_seed): drawn at random when the
+    #                                     tag starts, recorded with the baseline; None: a tag from before it was drawn
     speed_probe: bool = False           # prepare.py declares SPEED_PROBE: `prepare.py --probe` times the device
     probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
     measured: dict = dataclasses.field(default_factory=dict)   # commit[:7] -> {seed: (metric, probe_s)}: every
