@@ -283,7 +283,8 @@ class Result:
 
     @property
     def why(self):
-        """Why it was not kept as measured: the override, the verdict's (a further run crashed), or the run's."""
+        """Why it was not kept as measured: the override, the verdict's (a further run crashed, or the environment
+        failed one: not judged), or the run's."""
         return self.reason if self.reason is not None else self.judged.reason or self.outcome.reason
 
     @property
@@ -322,7 +323,7 @@ def record(s, result):
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
-                  gain=r.judged.gain, noise_sd=r.noise_sd,
+                  gain=r.judged.gain, noise_sd=r.noise_sd, retried=r.judged.retried or None,
                   cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run,
                   hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))

@@ -185,7 +185,7 @@ def verdict(s, event, result, synced=True):
                            if synced else "changed by you during the run: left as it is (see above)"),
               ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
               ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
-    if event["status"] == "crash" and result is not None:
+    if result is not None and (event["status"] == "crash" or not result.kind.measured):   # or not judged
         lines.append(("reason", result.why))
         if result.kind.fixable and event.get("fixes", 0) < MAX_FIXES:
             lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "
