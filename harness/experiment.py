@@ -460,12 +460,13 @@ def run_seed(s, n, run):
 def max_wall(s):
     """The wall time train.py may take (a conditions.Allowance): the budget plus the baseline's measured overhead
     (its wall time minus the budget) scaled by the speed probe, times K, the CPU workers sharing this machine
-    (--devices cpu:K: K runs import and compile at once; else 1). None before the baseline is measured."""
+    (--devices cpu:K: K runs import and compile at once; else 1); tight unless the budget is a smoke one (s.smoke).
+    None before the baseline is measured."""
     if not s.history:
         return None
     base = ledger.baseline_of(s.history)            # this hardware's
     return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
-                                s.pool.cpu_workers if s.pool else 1)
+                                s.pool.cpu_workers if s.pool else 1, comparable=not s.smoke)
 
 
 def holdout_line(s):

@@ -174,7 +174,7 @@ def verdict(s, event, result, synced=True):
                                 + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
                                    else "")))
     lines.append(("rule", rule.words(s.metric)))
-    if (allowance := experiment.max_wall(s)) is not None and not allowance.meaningful():
+    if (allowance := experiment.max_wall(s)) is not None and not allowance.comparable:
         lines.append(("wall_time", allowance.words()))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{ledger.baseline_of(s.history)['metric']:.6f}"

@@ -427,7 +427,8 @@ def test_a_confirmation_over_the_allowance_twice_leaves_a_winner_not_judged(targ
     flags = ("--sandbox", "off", "--verdict", "margin", "--confirm", "1", "--timeout", "60")
     assert try_(target, "--baseline", *flags) == 0
     base = events(target, "experiment")[0]
-    allowed = Allowance(1.0, max(0.0, base["train_seconds"] - 1.0), base["base_probe_s"]).seconds(base["base_probe_s"])
+    budget, probe = base["budget_s"], base["base_probe_s"]
+    allowed = Allowance(budget, max(0.0, base["train_seconds"] - budget), probe).seconds(probe)
     mark, path = tmp_path / "ran once", target / "train.py"
     path.write_text(path.read_text().replace("LR = 0.04", "LR = 0.05").replace(
         "SLEEP = 0.0", f"SLEEP = {allowed + 2:.1f} if os.path.exists({str(mark)!r}) else 0.0\n"
