@@ -249,7 +249,7 @@ def tabu_list(s, tenure):
     environment may be to blame for (runner.Kind.measured false: over the wall-time allowance, a lost Ray worker)
     judged nothing: not counted."""
     bad = [e for e in reversed(s.history) if e["n"] > 0 and e["status"] in ("discard", "crash")
-           and Kind.of(e).measured]      # the machine's doing (overtime, a lost node): not
+           and Kind.of(e).measured]      # the machine's doing (overtime, a lost node): not the idea's
     return [(e, change_at(s, e)) for e in bad[:tenure]] if tenure else []
 
 

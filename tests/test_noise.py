@@ -236,6 +236,8 @@ def test_a_true_gain_of_three_sd_is_kept_after_its_confirmation(tmp_path, monkey
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "ready").touch()
     target = make_noisy_target(tmp_path / "repo")
+    fixed_seed_base(monkeypatch)        # fixed draws (a baseline sd of 0.0089): at some seed bases the 3 sd gain
+    #                                     falls within an unluckily wide margin
     with ScriptedLLM([edit("a real gain of 3 sd", "gain = 0.0", "gain = 0.03")]) as llm:
         assert agent.main(["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic",
                            "--base-url", llm.anthropic_url, "--max-experiments", "1", *MARGIN]) == 0
