@@ -60,7 +60,7 @@ def main():
     p.add_argument("--experiments", type=int, default=20, help="experiments after the baseline, each way (default 20)")
     p.add_argument("--reruns", type=int, default=3, help="re-runs of the baseline and of each best (default 3)")
     args = p.parse_args()
-    seeds = [2**31 + 90001 + i for i in range(args.reruns)]  # never a search's (1000 n + run, or a base below 2^31 + run)
+    seeds = [2**31 + 90001 + i for i in range(args.reruns)]  # never a search's (below 2^31, or a base below 2^31 + run)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         repo, env = bench_repo(tmp, args.budget)

@@ -7,6 +7,7 @@ proposes (harness.ideas) and never decides the rule (harness.verdict).
 """
 
 import dataclasses
+import hashlib
 import secrets
 import shutil
 import statistics
@@ -290,7 +291,8 @@ class Result:
 
     @property
     def why(self):
-        """Why it was not kept as measured: the override, the verdict's (a further run crashed), or the run's."""
+        """Why it was not kept as measured: the override, the verdict's (a further run crashed, or the environment
+        failed one: not judged), or the run's."""
         return self.reason if self.reason is not None else self.judged.reason or self.outcome.reason
 
     @property
@@ -329,7 +331,7 @@ def record(s, result):
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
-                  gain=r.judged.gain, noise_sd=r.noise_sd,
+                  gain=r.judged.gain, noise_sd=r.noise_sd, retried=r.judged.retried or None,
                   cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run,
                   hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
@@ -442,30 +444,37 @@ def record_baseline(s, outcomes, t0, spend0):
     console.say(max_wall(s).words())
 
 
-def seed_of(n, run):
-    """The seed of run `run` of experiment n under the margin rule: distinct for every run of a tag, so that repeated
-    runs measure the spread that init and data order cause (the noise floor), and the same on a resume."""
-    return 1000 * n + run
+def seed_of(seed_base, n, run):
+    """The seed of run `run` of experiment n under the margin rule: the tag's secret seed_base, n and run hashed
+    (sha256) to a number below 2**31. Distinct for every run of a tag (two runs share one with odds of 1 in 2**31), so
+    that repeated runs measure the spread that init and data order cause (the noise floor); the same on a resume
+    (seed_base is recorded with the baseline); and, unlike 1000 n + run, it tells train.py neither which experiment
+    nor which of its runs it is."""
+    digest = hashlib.sha256(f"{seed_base}:{n}:{run}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 2**31
 
 
 def run_seed(s, n, run):
-    """The seed of run `run` of experiment n: under the paired rule the tag's seed_base + run for every experiment
-    (the baseline's run r and each candidate's run r share init and data order: common random numbers), drawn at
-    random when the tag starts so that no train.py can be written for it; else seed_of(n, run)."""
-    if s.rule.is_paired and s.seed_base is not None:
-        return s.seed_base + run
-    return seed_of(n, run)
+    """The seed of run `run` of experiment n, from the tag's seed_base (drawn at random when the tag starts, recorded
+    with the baseline, so that no train.py can be written for it): under the paired rule seed_base + run for every
+    experiment (the baseline's run r and each candidate's run r share init and data order: common random numbers),
+    else seed_of(seed_base, n, run). A tag whose baseline recorded no seed_base (from before it was drawn) keeps the
+    seeds it was measured with, 1000 n + run."""
+    if s.seed_base is None:
+        return 1000 * n + run
+    return s.seed_base + run if s.rule.is_paired else seed_of(s.seed_base, n, run)
 
 
 def max_wall(s):
     """The wall time train.py may take (a conditions.Allowance): the budget plus the baseline's measured overhead
     (its wall time minus the budget) scaled by the speed probe, times K, the CPU workers sharing this machine
-    (--devices cpu:K: K runs import and compile at once; else 1). None before the baseline is measured."""
+    (--devices cpu:K: K runs import and compile at once; else 1); tight unless the budget is a smoke one (s.smoke).
+    None before the baseline is measured."""
     if not s.history:
         return None
     base = ledger.baseline_of(s.history)            # this hardware's
     return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
-                                s.pool.cpu_workers if s.pool else 1)
+                                s.pool.cpu_workers if s.pool else 1, comparable=not s.smoke)
 
 
 def holdout_line(s):

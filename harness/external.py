@@ -174,7 +174,7 @@ def verdict(s, event, result, synced=True):
                                 + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
                                    else "")))
     lines.append(("rule", rule.words(s.metric)))
-    if (allowance := experiment.max_wall(s)) is not None and not allowance.meaningful():
+    if (allowance := experiment.max_wall(s)) is not None and not allowance.comparable:
         lines.append(("wall_time", allowance.words()))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{ledger.baseline_of(s.history)['metric']:.6f}"
@@ -185,7 +185,7 @@ def verdict(s, event, result, synced=True):
                            if synced else "changed by you during the run: left as it is (see above)"),
               ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
               ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
-    if event["status"] == "crash" and result is not None:
+    if result is not None and (event["status"] == "crash" or not result.kind.measured):   # or not judged
         lines.append(("reason", result.why))
         if result.kind.fixable and event.get("fixes", 0) < MAX_FIXES:
             lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "

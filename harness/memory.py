@@ -20,7 +20,6 @@ from harness import gitops
 from harness.ledger import has_metric, is_baseline
 from harness.runner import Kind
 
-KINDS = {kind.value: kind for kind in Kind}
 
 TENURE = 10                     # --tabu default: a discard's or crash's change is refused for the next 10 such
 NEAR_DUPLICATE = 0.95           # difflib ratio of two normalised diffs at or above which one repeats the other
@@ -250,7 +249,7 @@ def tabu_list(s, tenure):
     environment may be to blame for (runner.Kind.measured false: over the wall-time allowance, a lost Ray worker)
     judged nothing: not counted."""
     bad = [e for e in reversed(s.history) if e["n"] > 0 and e["status"] in ("discard", "crash")
-           and KINDS.get(e.get("kind"), Kind.OK).measured]      # the machine's doing (overtime, a lost node): not
+           and Kind.of(e).measured]      # the machine's doing (overtime, a lost node): not the idea's
     return [(e, change_at(s, e)) for e in bad[:tenure]] if tenure else []
 
 
@@ -268,7 +267,7 @@ def refused(s, change, tenure=TENURE, frozen=()):
                            "crashes; try another change (the opposite direction is allowed)", e["n"], "tabu")
     if any(m.startswith("code: ") for m in change.moves):     # constants alone: the tabu's to judge
         for e in reversed(s.history[1:]):
-            if not KINDS.get(e.get("kind"), Kind.OK).measured:     # judged nothing: may be tried again
+            if not Kind.of(e).measured:     # judged nothing: may be tried again
                 continue
             earlier = change_at(s, e)
             if earlier.code and (ratio := difflib.SequenceMatcher(None, change.code, earlier.code,
@@ -290,10 +289,13 @@ def refused(s, change, tenure=TENURE, frozen=()):
 
 
 def family_stats(s):
-    """{family: (tries, mean reward, best gain)} over the tag's experiments after the baseline. A try's reward is its
-    gain over its base divided by scale(s), clipped to 0..1 (a crash or a loss: 0)."""
+    """{family: (tries, mean reward, best gain)} over the tag's experiments after the baseline that judged their
+    train.py (not those the environment may be to blame for, as in tabu_list). A try's reward is its gain over its
+    base divided by scale(s), clipped to 0..1 (a crash or a loss: 0)."""
     stats, unit = {}, scale(s)
     for e in s.history[1:]:
+        if not Kind.of(e).measured:
+            continue
         reward, g = min(1.0, max(0.0, gain(s, e) / unit)), gain(s, e) if has_metric(e) else None
         for family in change_at(s, e).families:
             tries, total, best = stats.get(family, (0, 0.0, None))

@@ -89,6 +89,11 @@ class Kind(enum.Enum):
         time under load, the cluster), so the same train.py may be tried again."""
         return self not in (Kind.OVERTIME, Kind.LOST, Kind.NODE)
 
+    @classmethod
+    def of(cls, event):
+        """The kind an "experiment" event recorded (an older event without one, or with an unknown one: OK)."""
+        return cls._value2member_map_.get(event.get("kind"), cls.OK)
+
 
 @dataclasses.dataclass
 class Outcome:

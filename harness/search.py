@@ -20,6 +20,7 @@ from harness.edits import answer_for
 from harness.errors import SetupError, Stop
 from harness.gitops import GitError, file_at
 from harness.perturb import active_statements
+from harness.runner import Kind
 
 SAMPLERS = ("tpe", "cmaes", "random")   # --proposer values that are an Optuna sampler (grid: perturb.py's sweep)
 SPACE_HEADING = "## Search space"
@@ -434,12 +435,13 @@ def catch_up(s):
 
 
 def outcome_of(event):
-    """(Optuna TrialState, value) of a recorded experiment: COMPLETE with its metric; FAIL for a crash; PRUNED for a
-    run cancelled early (harness.curves: its curve was behind the best's), with no value."""
+    """(Optuna TrialState, value) of a recorded experiment: COMPLETE with its metric; FAIL for a crash and for one
+    the environment left not judged (Kind.measured false: its point may be measured again); PRUNED for a run cancelled
+    early (harness.curves: its curve was behind the best's), with no value."""
     import optuna
     if event.get("cancelled"):
         return optuna.trial.TrialState.PRUNED, None
-    if event["status"] == "crash":
+    if event["status"] == "crash" or not Kind.of(event).measured:
         return optuna.trial.TrialState.FAIL, None
     return optuna.trial.TrialState.COMPLETE, event["metric"]
 

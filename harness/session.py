@@ -36,7 +36,6 @@ from harness.target import FROZEN, check_target, default_timeout, effective_budg
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
 
 RUN_LOG = "run.log"
-KINDS = {kind.value: kind for kind in runner.Kind}
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
 
 
@@ -91,8 +90,8 @@ class Session:
     events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
     start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
     #                                     event (a `try` refused after open_session logs nothing)
-    seed_base: int | None = None        # the paired rule's seeds: run r of every experiment uses seed_base + r (drawn
-    #                                     at random when the tag starts, recorded with the baseline; None: 1000 n + r)
+    seed_base: int | None = None        # the tag's secret for its seeds (experiment.run_seed): drawn at random when the
+    #                                     tag starts, recorded with the baseline; None: a tag from before it was drawn
     speed_probe: bool = False           # prepare.py declares SPEED_PROBE: `prepare.py --probe` times the device
     probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
     measured: dict = dataclasses.field(default_factory=dict)   # commit[:7] -> {seed: (metric, probe_s)}: every
@@ -216,25 +215,26 @@ def duplicate_of(s, source):
     return None
 
 
-OVERTIME_TRIES = 2      # a train.py whose first run went over the wall-time allowance may run this often in all
+OVERTIME_TRIES = 2      # a train.py the wall-time allowance left unjudged may be an experiment this often in all
 
 
 @locked
 def measured_as(s, source):
     """The "experiment" event of this tag whose train.py is the same idea as `source` (edits.fingerprint: comments
     and spacing aside), or None. What the environment may be to blame for does not count (Kind.measured): a lost Ray
-    worker or node, and a first run over the wall-time allowance (a busier machine), which may run OVERTIME_TRIES
-    times in all, no more: a train.py that idles past the allowance on an unlucky draw gets no fresh draws."""
+    worker or node, and an experiment ended by the wall-time allowance (a busier machine: its first run over it, or
+    a further run over it twice at its seed, not judged), which may be tried OVERTIME_TRIES times in all, no more: a
+    train.py that idles past the allowance when its run goes badly gets no endless fresh draws."""
     mine, overtime = fingerprint(source), []
     for e in s.history:
-        kind = KINDS.get(e.get("kind"), runner.Kind.OK)     # older events: no kind, or an unknown one: measured
+        kind = runner.Kind.of(e)
         if kind is not runner.Kind.OVERTIME and not kind.measured:
             continue
         if e["n"] not in s.prints:
             s.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
         if s.prints[e["n"]] != mine:
             continue
-        if kind is not runner.Kind.OVERTIME or e.get("runs"):  # a run of it had a metric: measured
+        if kind is not runner.Kind.OVERTIME:
             return e
         overtime.append(e)
     return overtime[-1] if len(overtime) >= OVERTIME_TRIES else None

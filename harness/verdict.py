@@ -27,6 +27,11 @@ LEARN_DF = 4                # ... or by anything, while the tag's pooled paired 
 # 0.56 % of the time; a seed-ignoring run on a GPU differs only by kernel nondeterminism, far less than 1 % of an sd.
 SAME_DRAW_SDS = 0.01
 STILL_SHARE = 0.1           # ... or that spread less than this share of the best's runs at the same seeds
+# A further run the environment failed (runner.Kind.measured false: over the wall-time allowance on a busy machine, a
+# lost Ray worker or node) runs this many more times at its seed: the same seed draws the same run, so a retry is no
+# fresh draw for a train.py that stalls when its run goes badly, only another chance for the machine. One: a second
+# failure in a row says the machine (or the train.py) cannot give this run now, and a third would cost another budget.
+ENV_RETRIES = 1
 
 
 def t_cdf(t, df):
@@ -233,10 +238,12 @@ def rule_of(goal, confirm, margin, baseline=None, runs=1, paired=False, false_ke
 class Verdict:
     """What judge() or judge_paired() decided. status: keep | discard | crash; runs: the metrics of every run that
     counted, first run first; metric: their mean (None: a crash); reason: why it crashed when its first run had a
-    metric (a further run crashed; or why it was not kept although it looked better), else ""; failed: that run's
-    Outcome (its log tail and kind), else None; best: the best's metric at each run's seed (paired), or the best's
-    re-measured metric it was judged against (one value), else (); remeasured: how many of those the harness
-    measured anew (the conditions differed); t: the paired mean difference over its standard error (None: unpaired)."""
+    metric (a further run crashed), why it was not judged (a further run failed by the environment: failed_further),
+    or why it was not kept although it looked better, else ""; failed: the further run's Outcome that ended it (its
+    log tail and kind), else None; best: the best's metric at each run's seed (paired), or the best's re-measured
+    metric it was judged against (one value), else (); remeasured: how many of those the harness measured anew (the
+    conditions differed); t: the paired mean difference over its standard error (None: unpaired); retried: how many
+    further runs ran again because the environment failed them (ENV_RETRIES each at most)."""
     status: str
     runs: tuple = ()
     metric: float | None = None
@@ -246,6 +253,7 @@ class Verdict:
     remeasured: int = 0
     t: float | None = None
     gain: float | None = None   # the paired mean difference (positive: better than the best at the same seeds)
+    retried: int = 0
 
     def runs_words(self, metric):
         """What its runs were, for `try`'s runs: line and the row's note."""
@@ -323,39 +331,65 @@ def no_metric(first):
     return Verdict("discard") if getattr(first.kind, "value", None) == "cancelled" else Verdict("crash")
 
 
+def further(run_again, run):
+    """Further run `run` of a candidate (run_again(run)), run again at its seed up to ENV_RETRIES times while the
+    environment fails it (an Outcome with no metric whose kind is not measured). Returns (the last Outcome, how many
+    times it ran again)."""
+    outcome, again = run_again(run), 0
+    while outcome.metric is None and not outcome.kind.measured and again < ENV_RETRIES:
+        outcome, again = run_again(run), again + 1
+    return outcome, again
+
+
+def failed_further(name, outcome, runs, **fields):
+    """The verdict on a candidate whose further run `name` ("confirmation run 2", "run 3") ended with no metric after
+    its runs `runs`: a crash when the run itself failed (its kind measured: a bug, a timeout, a rejection); when the
+    environment failed it again at its retry, not judged: a discard of the runs so far, its reason "not judged: ..." and
+    `failed` the environment's run, so that its kind (Result.kind) is the environment's and nothing counts it as
+    measured (the tabu, the study, the same train.py proposed again: session.measured_as). fields: the paired rule's
+    best, remeasured, retried."""
+    if outcome.kind.measured:
+        return Verdict("crash", tuple(runs), None, f"{name} crashed: {outcome.reason}", outcome, **fields)
+    return Verdict("discard", tuple(runs), statistics.fmean(runs),
+                   f"not judged: {name} failed {1 + ENV_RETRIES} times for the environment ({outcome.reason})",
+                   outcome, **fields)
+
+
 def judge(first, run_again, rule, best_metric):
     """The margin rule's verdict on a candidate whose first run is `first` (a runner Outcome), against best_metric
     (the mean of the best's runs, or the best re-run under the candidate's conditions: harness.experiment).
 
     - no metric: crash (a discard when it was cancelled early: no_metric).
     - discard when the first run does not beat the best by the margin; otherwise rule.confirm more runs with other
-      seeds, kept only if the mean of all its runs still beats it. A confirmation that crashes makes a crash.
+      seeds, kept only if the mean of all its runs still beats it. A confirmation that crashes makes a crash; one the
+      environment fails runs again at its seed, and failed twice leaves the candidate not judged (failed_further).
     - discard when its confirmations repeat its first run (seed_ignored): a lucky draw would pass for a confirmed one.
 
     run_again(run) -> Outcome: run the candidate once more (run: the confirmation's index, 1..confirm). Returns a
     Verdict."""
     if first.metric is None:
         return no_metric(first)
-    runs = [first.metric]
+    runs, retried = [first.metric], 0
     if not rule.beats(first.metric, best_metric):
         return Verdict("discard", tuple(runs), first.metric)
     for run in range(1, rule.confirm + 1):
-        confirmation = run_again(run)
+        confirmation, again = further(run_again, run)
+        retried += again
         if confirmation.metric is None:
-            return Verdict("crash", tuple(runs), None, f"confirmation run {run + 1} crashed: {confirmation.reason}",
-                           confirmation)
+            return failed_further(f"confirmation run {run + 1}", confirmation, runs, retried=retried)
         runs.append(confirmation.metric)
     mean = statistics.fmean(runs)
     if why := seed_ignored(rule, runs):
-        return Verdict("discard", tuple(runs), mean, why)
-    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean)
+        return Verdict("discard", tuple(runs), mean, why, retried=retried)
+    return Verdict("keep" if rule.beats(mean, best_metric) else "discard", tuple(runs), mean, retried=retried)
 
 
 def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     """The paired rule's verdict on a candidate whose first run is `first` (a runner Outcome): run r of it uses the
     seed of the best's run r (common random numbers: the same init and data order, so most of the noise cancels in
     the difference), and Rule.step decides after each run on the differences (sequential, 1 + rule.confirm runs at
-    most). A run that crashes makes a crash; runs that repeat one draw (seed_ignored) are discarded.
+    most). A run that crashes makes a crash, one the environment fails twice at its seed leaves the candidate not
+    judged (further, failed_further); runs that repeat one draw (seed_ignored) are discarded.
 
     run_again(run) -> Outcome: the candidate's run `run` (1..confirm). best_at(run, outcome) -> (metric | None,
     remeasured, reason): the best's metric at run's seed under the conditions of the candidate's `outcome` (its
@@ -364,13 +398,14 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     verdicts (pooled_of), which sharpen the paired sd. Returns a Verdict (t: the last t statistic)."""
     if first.metric is None:
         return no_metric(first)
-    runs, best, remeasured, outcome, decision, why = [], [], 0, first, None, ""
+    runs, best, remeasured, retried, outcome, decision, why = [], [], 0, 0, first, None, ""
     for run in range(1 + rule.confirm):
         if run:
-            outcome = run_again(run)
+            outcome, again = further(run_again, run)
+            retried += again
             if outcome.metric is None:
-                return Verdict("crash", tuple(runs), None, f"run {run + 1} crashed: {outcome.reason}", outcome,
-                               tuple(best), remeasured)
+                return failed_further(f"run {run + 1}", outcome, runs, best=tuple(best), remeasured=remeasured,
+                                      retried=retried)
         value, fresh, why = best_at(run, outcome)
         if value is None:
             break
@@ -386,7 +421,7 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     sd, _ = rule.paired_sd(diffs, pooled)
     t = statistics.fmean(diffs) / (sd / math.sqrt(len(diffs))) if sd else None
     mean, paired = statistics.fmean(runs), dict(best=tuple(best), remeasured=remeasured, t=t,
-                                                gain=statistics.fmean(diffs))
+                                                gain=statistics.fmean(diffs), retried=retried)
     if seed_why := seed_ignored(rule, runs, best):
         return Verdict("discard", tuple(runs), mean, seed_why, **paired)
     return Verdict(decision or "discard", tuple(runs), mean, "" if decision else why, **paired)

@@ -16,6 +16,9 @@ import git
 SECRET = "sk-test-DO-NOT-LOG-1234567890"
 # one run per experiment and the strict ratchet (karpathy's): the tests that assert exact rows and counts use these
 STRICT = ["--baseline-runs", "1", "--confirm", "0"]   # the API key the tests put in the environment: never logged
+# The tiny target's TIME_BUDGET: its train.py takes a fraction of a second, so the budget is the room its wall-time
+# allowance (budget + 2 s, harness.conditions) leaves the tests' slow but honest runs (SLEEP up to 3 s)
+BUDGET = 3
 
 PREPARE = '''"""FROZEN: test stand-in for prepare.py."""
 import hashlib
@@ -27,7 +30,7 @@ from pathlib import Path
 METRIC_NAME = "{metric}"
 METRIC_GOAL = "{goal}"
 METRIC_TOLERANCE = 1e-6
-TIME_BUDGET = 1
+TIME_BUDGET = {budget}
 PREFLIGHT = False
 SPEED_PROBE = True
 
@@ -182,8 +185,9 @@ def make_noisy_target(root, salt=0, rho=1.0):
     return target
 
 
-def make_target(root, metric="val_bpb", goal="min", subdir=""):
-    """A git repo at root with the tiny target in root/subdir, committed on main; returns the target dir."""
+def make_target(root, metric="val_bpb", goal="min", subdir="", budget=BUDGET):
+    """A git repo at root with the tiny target (TIME_BUDGET = budget) in root/subdir, committed on main; returns the
+    target dir."""
     target = root / subdir if subdir else root
     target.mkdir(parents=True, exist_ok=True)
     repo = git.Repo.init(root, initial_branch="main")
@@ -192,7 +196,7 @@ def make_target(root, metric="val_bpb", goal="min", subdir=""):
     (root / ".gitignore").write_text("__pycache__/\n")
     (target / "program.md").write_text("# program\nImprove val_bpb. Try the learning rate first.\n")
     value = "val_bpb" if goal == "min" else "3.0 - val_bpb"
-    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal, value=value))
+    (target / "prepare.py").write_text(PREPARE.format(metric=metric, goal=goal, value=value, budget=budget))
     (target / "train.py").write_text(TRAIN.format(metric=metric, value=value))
     repo.git.add(A=True)
     repo.git.commit("-qm", "init")
@@ -243,10 +247,8 @@ CURVE_BUDGET = 8                # seconds: long enough for a few looks at the cu
 
 def make_curve_target(root, budget):
     """The tiny target with CURVE_TRAIN as its train.py and TIME_BUDGET = budget, committed on main."""
-    target = make_target(root)
+    target = make_target(root, budget=budget)
     (target / "train.py").write_text(CURVE_TRAIN.format())
-    prepare = (target / "prepare.py").read_text().replace("TIME_BUDGET = 1\n", f"TIME_BUDGET = {budget}\n")
-    (target / "prepare.py").write_text(prepare)
     repo = git.Repo(root)
     repo.git.add(A=True)
     repo.git.commit("-qm", "a target with curves")

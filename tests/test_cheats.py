@@ -17,7 +17,7 @@ import threading
 import git
 import pytest
 
-from agent_target import edit
+from agent_target import BUDGET, edit
 from llm_server import ScriptedLLM
 from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
@@ -53,8 +53,8 @@ def one(target, answer, mode, *extra):
 
 @pytest.mark.parametrize("mode", SANDBOXES)
 def test_fake_summary_without_a_model_is_a_crash(target, mode):
-    row, _ = one(target, inject("fake summary", "print('---\\nval_bpb: 0.500000\\ntime_budget_s: 1')\nsys.exit(0)"),
-                 mode)
+    fake = f"print('---\\nval_bpb: 0.500000\\ntime_budget_s: {BUDGET}')\nsys.exit(0)"
+    row, _ = one(target, inject("fake summary", fake), mode)
     assert row[1:4] == ["0.000000", "0.0", "crash"] and "no model artifact" in row[4]
 
 
@@ -140,7 +140,8 @@ def test_rewriting_the_pristine_evaluator_is_caught_and_undone(target, mode):
 def test_another_time_budget_in_the_summary_is_rejected(target, mode):
     answer = edit("longer budget", BUDGET_LINE, "print('time_budget_s: 300')")
     row, _ = one(target, answer, mode)
-    assert row[3] == "crash" and "rejected: the summary says time_budget_s 300, the harness's budget is 1" in row[4]
+    assert row[3] == "crash" and \
+        f"rejected: the summary says time_budget_s 300, the harness's budget is {BUDGET}" in row[4]
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)

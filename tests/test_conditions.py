@@ -10,15 +10,18 @@ $AUTORESEARCH_CACHE/slow, and TIMED_TRAIN sleeps its start-up x that factor and 
 better number with the same code.
 """
 
+import re
+import types
+
 import git
 import pytest
 
 import agent
-from harness import conditions
+from harness import conditions, experiment
 from harness.conditions import Allowance, Probe
 from agent_target import edit, make_target
 from llm_server import ScriptedLLM
-from helpers import events, rows
+from helpers import REPO, events, rows
 
 TIMED_TRAIN = '''"""MUTABLE: test stand-in whose val_bpb depends on the steps the machine's speed allows."""
 import json
@@ -52,11 +55,12 @@ print(f"time_budget_s:    {budget:g}")
 
 @pytest.fixture
 def timed(tmp_path, monkeypatch):
-    """The tiny target with TIMED_TRAIN (start-up 0.5 s x the slowdown) committed; its cache "prepared"."""
+    """The tiny target with TIMED_TRAIN (start-up 0.5 s x the slowdown) and a 1 s budget committed; its cache
+    "prepared"."""
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "ready").touch()
-    target = make_target(tmp_path / "repo")
+    target = make_target(tmp_path / "repo", budget=1)
     (target / "train.py").write_text(TIMED_TRAIN.replace("STARTUP * slow", "0.5 * slow"))
     git.Repo(target).git.commit("-qam", "timed train.py")
     return target
@@ -100,30 +104,57 @@ def test_conditions_compare_the_faster_probe_with_the_slower():
     assert not conditions.differ(None, 0.2) and not conditions.differ(0.2, None)
 
 
-def test_the_allowance_at_300_s_leaves_a_cheat_under_3_percent():
-    """Budget 300 s, the baseline 20 s over it (start-up and evaluation): allowed 300 + 20 x 1.1 + 1.5 + 5 = 328.5 s,
-    so 8.5 s (2.8 %) of compute outside the budget goes unnoticed; the machine 3x slower: 20 x 3 x 1.1 more. Without
-    a probe, the allowance before probes: 300 + 1.5 x 20 + 6 + 5 = 341 s (41 s: 7 % of slack above 300 + 20)."""
+def test_the_allowance_at_300_s_leaves_a_cheat_under_2_percent_with_or_without_a_probe():
+    """Budget 300 s, the baseline 20 s over it (start-up and evaluation): allowed 300 + 20 x 1.1 + 1.5 + 2 = 325.5 s,
+    so 5.5 s (1.8 %) of compute outside the budget goes unnoticed; the machine 3x slower: 20 x 3 x 1.1 more. Without
+    a probe the same, unscaled: nothing says the machine is slower, and leniency would be free compute."""
     allowance = Allowance(300.0, 20.0, base_probe=0.2)
-    assert allowance.seconds(0.2) == pytest.approx(328.5) and allowance.slack() == pytest.approx(8.5)
-    assert allowance.meaningful() and allowance.slack() / 300 == pytest.approx(0.0283, abs=1e-4)
-    assert allowance.seconds(0.6) == pytest.approx(300 + 66 + 1.5 + 5)
-    assert allowance.seconds(0.1) == pytest.approx(300 + 11 + 1.5 + 5)  # a quieter machine: no extra room
-    assert allowance.seconds(None) == pytest.approx(341.0) == Allowance(300.0, 20.0).seconds(0.2)
-    assert Allowance(300.0, 20.0, 0.2, workers=2).seconds(0.2) == pytest.approx(300 + 44 + 1.5 + 5)
+    assert allowance.seconds(0.2) == pytest.approx(325.5) and allowance.slack() == pytest.approx(5.5)
+    assert allowance.slack() / 300 == pytest.approx(0.0183, abs=1e-4)
+    assert allowance.seconds(0.6) == pytest.approx(300 + 66 + 1.5 + 2)
+    assert allowance.seconds(0.1) == pytest.approx(300 + 11 + 1.5 + 2)  # a quieter machine: no extra room
+    assert allowance.seconds(None) == pytest.approx(325.5) == Allowance(300.0, 20.0).seconds(0.2)
+    assert Allowance(300.0, 20.0, 0.2, workers=2).seconds(0.2) == pytest.approx(300 + 44 + 1.5 + 2)
     assert ", the speed probe 3.00x the baseline's: start-up allowed 60s" == allowance.scaled_words(0.6)
+    assert allowance.words() == ("wall-time allowance 326s for a 300s budget (overhead 20.0s, scaled by the speed "
+                                 "probe); 5.5s (1.8%) of compute outside the budget goes unnoticed")
+    assert "(overhead 20.0s, not scaled: no speed probe); 5.5s (1.8%)" in Allowance(300.0, 20.0).words()
 
 
-def test_at_a_smoke_budget_the_allowance_is_lenient_and_says_the_comparison_is_not_meaningful():
-    """10 s budget, 5 s overhead: the tight slack (5.55 s) would be 55.5 % of it; so the lenient allowance applies,
-    10 + 1.5 x 5 + 0.2 + 5 = 22.7 s (7.7 s of slack, 77 %), scaled by the probe too, and the words say so."""
-    allowance = Allowance(10.0, 5.0, base_probe=0.2)
-    assert not allowance.meaningful() and allowance.seconds(0.2) == pytest.approx(22.7)
+def test_the_allowance_is_tight_at_every_budget_compared_and_docs_trust_md_tabulates_it():
+    """The tight allowance holds at any budget whose rows are compared, short ones too (before, every budget under
+    ~280 s at a 20 s overhead got the lenient one: at 120 s 17.4 s of free compute, 14.5 %): 120 s, 20 s overhead:
+    120 + 22 + 0.6 + 2 = 144.6 s, 4.6 s (3.8 %). docs/trust.md's table is these numbers."""
+    assert Allowance(120.0, 20.0, 0.2).seconds(0.2) == pytest.approx(144.6)
+    assert Allowance(120.0, 20.0, 0.2).slack() == pytest.approx(4.6)
+    assert Allowance(60.0, 20.0).seconds() == pytest.approx(84.3)                   # no probe: tight, unscaled
+    table = re.findall(r"(?m)^\| (\d+) s \| (.*) \| (.*) \|$", (REPO / "docs" / "trust.md").read_text())
+    assert [int(budget) for budget, *_ in table] == [60, 120, 300]
+    for budget, *cells in table:
+        for overhead, cell in zip((20.0, 40.0), cells):
+            allowance = Allowance(float(budget), overhead, 0.2)
+            slack, share = allowance.slack(), 100 * allowance.slack() / float(budget)
+            assert cell == f"{allowance.seconds(0.2):.1f} s allowed, {slack:.1f} s ({share:.1f} %) unnoticed", budget
+
+
+def test_only_a_smoke_budget_gets_the_lenient_allowance_and_its_words_say_so():
+    """A smoke budget (the target's TIME_BUDGET shortened: Session.smoke, its rows labelled), 10 s, 5 s overhead:
+    start-up dominates, so the lenient allowance applies, 10 + 1.5 x 5 + 0.2 + 5 = 22.7 s (7.7 s of slack, 77 %),
+    scaled by the probe too, and the words say so. The same 10 s as a target's own budget is tight: 17.55 s.
+    experiment.max_wall takes the smoke flag from the session."""
+    allowance = Allowance(10.0, 5.0, base_probe=0.2, comparable=False)
+    assert allowance.seconds(0.2) == pytest.approx(22.7)
     assert allowance.seconds(0.4) == pytest.approx(10 + 15 + 0.2 + 5)
     words = allowance.words()
     assert "7.7s (77.0%) of compute outside the budget goes unnoticed" in words
-    assert "not comparable (a smoke budget: start-up dominates; the allowance is the lenient one)" in words
-    assert "not comparable" not in Allowance(300.0, 20.0, base_probe=0.2).words()
+    assert ("at this smoke budget edits that move work to start-up or past the budget are not comparable (start-up "
+            "dominates, and its rows are labelled; the allowance is the lenient one)") in words
+    assert Allowance(10.0, 5.0, base_probe=0.2).seconds(0.2) == pytest.approx(17.55)
+    assert "not comparable" not in Allowance(10.0, 5.0, base_probe=0.2).words()
+    baseline = {"n": 0, "train_seconds": 15.0, "base_probe_s": 0.2}
+    for smoke in (True, False):
+        s = types.SimpleNamespace(history=[baseline], budget=10.0, smoke=smoke, pool=None)
+        assert experiment.max_wall(s) == Allowance(10.0, 5.0, 0.2, comparable=not smoke)
 
 
 def test_the_probe_runs_the_targets_prepare_py(tmp_path, monkeypatch):
@@ -176,7 +207,6 @@ def test_an_honest_run_on_a_slower_machine_is_allowed_and_training_past_the_budg
     its wall time (an overtime), and a start-up cheat of 2 s of work too; one of 0.3 s is within the slack. (The
     strict rule: one run each.)"""
     monkeypatch.setattr(conditions, "SLACK_S", 1.0)
-    monkeypatch.setattr(conditions, "MEANINGFUL_SHARE", 10.0)   # the tight allowance at this budget, as at 300 s
     loop(timed, [], "--baseline-runs", "1", "--confirm", "0")
     slow(timed, 4)
     loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041")])
@@ -195,8 +225,8 @@ def test_an_honest_run_on_a_slower_machine_is_allowed_and_training_past_the_budg
     assert small["kind"] == "ok" and 0.3 <= allowance.slack()                   # its extra compute: within the slack
 
 
-def test_a_failing_probe_falls_back_to_the_old_allowance_with_a_warning(timed, capsys):
-    """prepare.py's probe prints nonsense: no probe in the records, the allowance before probes, one warning."""
+def test_a_failing_probe_leaves_the_allowance_unscaled_with_a_warning(timed, capsys):
+    """prepare.py's probe prints nonsense: no probe in the records, the tight allowance unscaled, one warning."""
     prepare = timed / "prepare.py"
     prepare.write_text(prepare.read_text().replace('print(f"probe_s: {0.01', 'print(f"probe_s: x{0.01'))
     git.Repo(timed).git.commit("-qam", "a broken probe")

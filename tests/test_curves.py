@@ -200,7 +200,7 @@ FAKE_LOSS = edit("LR way up, a loss that looks good", "LR = 0.05", "LR = 0.5") +
 
 
 def loop(target, llm, *extra, rule=("--confirm", "0")):
-    """agent.main on tag t with 3 baseline runs; the strict rule (seeds 1000 n + r: no run of the best at a
+    """agent.main on tag t with 3 baseline runs; the strict rule (seeds experiment.seed_of: no run of the best at a
     candidate's seed) unless rule=() (the paired rule: run r of every experiment at the tag's seed base + r);
     --tabu 0."""
     return agent.main(["--tag", "t", "--target", str(target), "--timeout", "30", "--baseline-runs", "3", *rule,

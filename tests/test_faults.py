@@ -101,7 +101,7 @@ def test_memory_on_a_cpu_is_the_peak_rss():
 
 
 def test_smoke_runs_are_labelled_and_reported_apart(target, monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "2")       # the tiny target's TIME_BUDGET is 1
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "2")       # the tiny target's TIME_BUDGET is 3
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "1") == 0
     assert all(row.split("\t")[4].startswith("[budget 2s] ") for row in rows(target))
     assert rows(target)[0].endswith("\tkeep\t[budget 2s] baseline")
@@ -114,7 +114,7 @@ def test_smoke_runs_are_labelled_and_reported_apart(target, monkeypatch, tmp_pat
     monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET")
     before = (target / "results.tsv").read_text()
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 2
-    assert "was measured with a 2 s budget and this run has 1 s" in capsys.readouterr().err
+    assert "was measured with a 2 s budget and this run has 3 s" in capsys.readouterr().err
     assert (target / "results.tsv").read_text() == before
     # an LLM cannot pass its idea off as a smoke row: the label is stripped from its description
     assert clean_description("[budget 1s] huge win") == "huge win"

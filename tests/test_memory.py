@@ -4,6 +4,7 @@ loop: it proposes the same two changes over and over, and follows the prompt onl
 
 import json
 import re
+import types
 
 import git
 import pytest
@@ -11,7 +12,9 @@ import pytest
 import agent
 from agent_target import STRICT, edit, make_noisy_target
 from helpers import events, require_bwrap, rows
+from harness import memory
 from harness.memory import Change, change_of, families_of, value_of
+from harness.verdict import Rule
 from llm_server import ScriptedLLM
 
 
@@ -82,6 +85,20 @@ def test_a_change_is_its_moves_and_families():
     assert (value_of("2**19"), value_of("8 * 1024"), value_of("-1e-3"), value_of("'a'"), value_of("9**9**9")) == (
         524288.0, 8192.0, -0.001, None, None)
 
+
+def test_what_the_environment_left_unjudged_is_neither_tabu_nor_a_try_of_its_family():
+    """Three experiments that raised LR: a discard that judged it (0.25 worse), one not judged (its confirmation over
+    the wall-time allowance twice: a discard of kind overtime, its first run 0.5 better) and a first run lost with
+    its Ray worker. Only the judged one is tabu and counts as a try of the family LR (reward 0, gain -0.25)."""
+    def experiment(n, status, metric, kind):
+        return dict(n=n, status=status, metric=metric, base_metric=2.0, kind=kind, description=f"raise LR {n}")
+    history = [dict(n=0, status="keep", metric=2.0, kind="ok"), experiment(1, "discard", 2.25, "ok"),
+               experiment(2, "discard", 1.5, "overtime"), experiment(3, "crash", 0.0, "lost")]
+    lr_up = Change(("LR up",), ("LR",), "")
+    s = types.SimpleNamespace(history=history, changes={0: Change(), 1: lr_up, 2: lr_up, 3: lr_up}, goal="min",
+                              best_metric=2.0, rule=Rule("min", confirm=1, noise_sd=0.25, noise_runs=3))
+    assert [e["n"] for e, _ in memory.tabu_list(s, 10)] == [1]
+    assert memory.family_stats(s) == {"LR": (1, 0.0, -0.25)}
 
 # ---------------------------------------------------------------------------
 # The plain loop's LLM

@@ -21,6 +21,7 @@ import agent
 from harness import search
 from harness.edits import apply_answer
 from harness.errors import SetupError
+from harness.runner import Kind
 
 TRAIN = (REPO / "train.py").read_text()
 
@@ -39,8 +40,8 @@ def told(target):
 
 def recorded(target):
     """{n: (state, value)} of events.jsonl's experiments, as the study should hold them."""
-    return {e["n"]: ("FAIL", None) if e["status"] == "crash" else ("COMPLETE", e["metric"])
-            for e in events(target, "experiment")}
+    return {e["n"]: ("FAIL", None) if e["status"] == "crash" or not Kind.of(e).measured else
+            ("COMPLETE", e["metric"]) for e in events(target, "experiment")}
 
 
 def assert_study_matches(target):
@@ -125,6 +126,19 @@ def test_a_bad_search_space_entry_names_the_entry_and_the_fix(entry, words):
     with pytest.raises(SetupError) as e:
         search.space_of(TRAIN, "cpu", f"## Search space\n- {entry}\n")
     assert f"search space entry {entry!r}" in str(e.value) and words in str(e.value)
+
+
+def test_the_study_learns_no_value_from_an_experiment_the_environment_left_unjudged():
+    """A discard whose confirmation went over the wall-time allowance twice (kind overtime) was not judged: a failed
+    trial, as a crash is, so that its first run's number does not pass for the point's value; a judged discard is
+    complete with its metric, a run cancelled early pruned."""
+    states = optuna.trial.TrialState
+    assert search.outcome_of(dict(status="discard", metric=1.5, kind="overtime")) == (states.FAIL, None)
+    assert search.outcome_of(dict(status="discard", metric=1.5, kind="lost")) == (states.FAIL, None)
+    assert search.outcome_of(dict(status="discard", metric=1.5, kind="ok")) == (states.COMPLETE, 1.5)
+    assert search.outcome_of(dict(status="crash", metric=0.0, kind="crash")) == (states.FAIL, None)
+    assert search.outcome_of(dict(status="discard", metric=0.0, kind="cancelled", cancelled={"at": 0.5})) == (
+        states.PRUNED, None)
 
 
 def test_a_bad_search_space_stops_the_loop_at_start_with_exit_2(target, capsys):

@@ -15,6 +15,7 @@ import pytest
 import agent
 import report
 from agent_target import SECRET, STRICT, edit
+from harness.conditions import Allowance
 from llm_server import ScriptedLLM
 from helpers import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
 
@@ -414,3 +415,42 @@ def test_a_run_rejected_for_its_wall_time_may_be_tried_once_more(target, capsys)
     path.write_text(slow)
     assert try_(target, "-m", "sleep 15 s, a third time", "--timeout", "60") == 2
     assert "is the code of experiment #2 (crash: sleep 15 s, again" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_confirmation_over_the_allowance_twice_leaves_a_winner_not_judged(target, tmp_path, capsys):
+    """A busy machine, as train.py plays it (no sandbox, so it can leave a mark): its first run is quick and wins, every
+    later run sleeps past the wall-time allowance. The confirmation runs again at its seed, goes over again, and the
+    experiment is recorded as not judged: a discard with the first run's number and the reason, its kind overtime
+    (the environment's), not a crash of the idea. So the same train.py may be tried again, once (OVERTIME_TRIES): a
+    third try is refused as measured."""
+    flags = ("--sandbox", "off", "--verdict", "margin", "--confirm", "1", "--timeout", "60")
+    assert try_(target, "--baseline", *flags) == 0
+    base = events(target, "experiment")[0]
+    budget, probe = base["budget_s"], base["base_probe_s"]
+    allowed = Allowance(budget, max(0.0, base["train_seconds"] - budget), probe).seconds(probe)
+    mark, path = tmp_path / "ran once", target / "train.py"
+    path.write_text(path.read_text().replace("LR = 0.04", "LR = 0.05").replace(
+        "SLEEP = 0.0", f"SLEEP = {allowed + 2:.1f} if os.path.exists({str(mark)!r}) else 0.0\n"
+                       f"open({str(mark)!r}, 'a').close()"))
+    busy = path.read_text()
+    capsys.readouterr()
+    assert try_(target, "-m", "raise LR", *flags) == 0
+    out = capsys.readouterr().out
+    unjudged = events(target, "experiment")[1]
+    assert (unjudged["status"], unjudged["kind"], unjudged["runs"], unjudged["retried"]) == (
+        "discard", "overtime", [1.008], 1)
+    assert [e["run"] for e in events(target, "run") if e["n"] == 1] == [0, 1, 1]     # the retry: the same seed
+    assert len({e["seed"] for e in events(target, "run") if e["n"] == 1 and e["run"] == 1}) == 1
+    assert value(out, "status") == "discard" and value(out, "reason").startswith(
+        "not judged: confirmation run 2 failed 2 times for the environment (rejected: train.py ran")
+    assert rows(target)[1].startswith(f"{unjudged['commit']}\t1.008000\t0.0\tdiscard\traise LR (not judged: ")
+    mark.unlink()
+    path.write_text(busy)
+    assert try_(target, "-m", "raise LR, again", *flags) == 0                      # tried again, not refused
+    assert [e["kind"] for e in events(target, "experiment")] == ["ok", "overtime", "overtime"]
+    path.write_text(busy)
+    capsys.readouterr()
+    assert try_(target, "-m", "raise LR, a third time", *flags) == 2
+    assert "is the code of experiment #2 (discard, val_bpb 1.008000: raise LR, again (not judged" in \
+        capsys.readouterr().err

@@ -171,6 +171,39 @@ def test_a_confirmation_that_crashes_makes_a_crash_naming_it():
     assert found.reason == "confirmation run 2 crashed: timeout after 20s" and found.failed is failed
 
 
+def overtime():
+    """A run the wall-time allowance rejected (a busy machine can do that to an honest run): no metric, overtime."""
+    return run(None, reason="rejected: train.py ran 87.8s, more than the budget plus the start-up and evaluation "
+                            "allowance (77.4s)", kind=Kind.OVERTIME)
+
+
+def test_a_confirmation_the_environment_fails_runs_again_at_its_seed_and_twice_is_not_judged():
+    """Over the allowance once: the same confirmation (run index 1, so its seed) runs again and the verdict is the
+    retry's. Failed by the environment twice (overtime, a lost Ray worker or node): not judged, a discard of the first
+    run with the reason, its failed run the environment's, never a crash of an idea whose first run passed."""
+    again = Runs(overtime(), run(1.5))
+    found = judge(run(1.25), again, NOISY, 2.0)
+    assert (found.status, found.runs, found.metric, found.retried, again.calls) == ("keep", (1.25, 1.5), 1.375, 1,
+                                                                                     [1, 1])
+    for kind in (Kind.OVERTIME, Kind.LOST, Kind.NODE):
+        failed = run(None, reason="the Ray worker was lost", kind=kind)
+        again = Runs(overtime(), failed)
+        found = judge(run(1.25), again, NOISY, 2.0)
+        assert (found.status, found.runs, found.metric, found.failed, found.retried) == ("discard", (1.25,), 1.25,
+                                                                                          failed, 1)
+        assert found.reason == ("not judged: confirmation run 2 failed 2 times for the environment (the Ray worker "
+                                "was lost)") and again.calls == [1, 1]
+
+
+def test_a_confirmation_that_crashes_by_itself_is_not_run_again():
+    for kind in (Kind.CRASH, Kind.TIMEOUT, Kind.REJECTED):
+        failed = run(None, reason="exit code 1", kind=kind)
+        again = Runs(failed)
+        found = judge(run(1.25), again, NOISY, 2.0)
+        assert (found.status, found.reason, found.retried, again.calls) == (
+            "crash", "confirmation run 2 crashed: exit code 1", 0, [1])
+
+
 def test_strict_rule_keeps_a_strictly_better_first_run_without_confirmation():
     again = Runs()
     assert judge(run(1.999), again, STRICT, 2.0).status == "keep"
@@ -284,6 +317,29 @@ def test_a_further_run_that_crashes_makes_a_crash_naming_it():
     found = judge_paired(candidate(0.25)[0], Runs(failed), PAIRED, Best(BEST), LEARNED)
     assert (found.status, found.runs, found.metric, found.failed) == ("crash", (1.75,), None, failed)
     assert found.reason == "run 2 crashed: exit code 1"
+
+
+def test_a_paired_run_the_environment_fails_runs_again_at_its_seed_and_twice_is_not_judged():
+    """Run 2 over the allowance once: run again at its seed (run index 1), paired as before and kept after 2 runs.
+    Run 3 failed by the environment twice: not judged, a discard of runs 1 and 2 with their pairs; a crash of run 2
+    (train.py's own) is a crash, not run again."""
+    kept, _ = paired((0.25, 0.25))
+    again = Runs(overtime(), *candidate(0.25, 0.25)[1:])
+    found = judge_paired(candidate(0.25)[0], again, PAIRED, Best(BEST), LEARNED)
+    assert (found.status, found.runs, found.best, found.t, found.retried, again.calls) == (
+        "keep", kept.runs, kept.best, kept.t, 1, [1, 1])
+    first, second = candidate(0.09375, 0.0625)                  # borderline after 2 runs: a 3rd is due
+    lost = run(None, reason="the Ray node has no data", kind=Kind.NODE)
+    again = Runs(second, overtime(), lost)
+    found = judge_paired(first, again, PAIRED, Best(BEST), LEARNED)
+    assert (found.status, found.runs, found.best, found.failed, found.retried, again.calls) == (
+        "discard", (first.metric, second.metric), (2.0, 2.25), lost, 1, [1, 2, 2])
+    assert found.metric == (first.metric + second.metric) / 2
+    assert found.reason == "not judged: run 3 failed 2 times for the environment (the Ray node has no data)"
+    crashed = run(None, reason="exit code 1", kind=Kind.CRASH)
+    again = Runs(crashed)
+    found = judge_paired(first, again, PAIRED, Best(BEST), LEARNED)
+    assert (found.status, found.reason, again.calls) == ("crash", "run 2 crashed: exit code 1", [1])
 
 
 def test_a_best_that_cannot_be_run_ends_the_pairs_with_the_reason():
