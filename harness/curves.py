@@ -34,11 +34,13 @@ that would not be like with like.
 """
 
 import dataclasses
+import io
 import itertools
 import json
 import math
 import re
 import statistics
+import tokenize
 from pathlib import Path
 
 WARMUP = 0.7                # share of the budget before the first checkpoint (issue 23 proposed 0.5; at 0.5 the
@@ -60,14 +62,9 @@ LRM = re.compile(r"\|\s*lrm:?\s*([-+\d.eE]+)")
 TOKENS = re.compile(r"\|\s*tok(?:ens)?/s(?:ec)?:?\s*([\d,]+(?:\.\d+)?)")
 LOSS_LINE = re.compile(r"loss|dropout|smooth", re.IGNORECASE)   # a changed line with these: another printed loss
 ASSIGN = re.compile(r"\s*([A-Z][A-Z0-9_]*)\s*(?::[^=]*)?=(?!=)(.*)")
-CONSTANT = re.compile(r"(\s*)([A-Z][A-Z0-9_]*)\s*=(?!=)(.*)")    # no annotation: it is evaluated, code
-# one token of a plain literal: blanks, a number, a string without quotes or escapes (never next to a quote: three
-# in a row open a string that runs over the next lines), a constant, an operator
-LITERAL = re.compile(r"\s+|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][-+]?\d[\d_]*)?j?(?!\w)"
-                     r"""|'[^'"\\\n]*'(?!')|"[^'"\\\n]*"(?!")|(?:True|False|None)\b|\*\*|//|[-+*/%(),\[\]]""",
-                     re.ASCII)
+CONSTANT_NAME = re.compile(r"[A-Z][A-Z0-9_]*")     # an UPPER_CASE constant (an annotation after it is code)
+LITERAL_OPS = {"(", ")", "[", "]", ",", "+", "-", "*", "/", "//", "**", "%"}     # what a plain literal may hold
 CODING = re.compile(r"[ \t\f]*#.*?coding[:=]")   # PEP 263's encoding cookie: utf-7 hides code in comments
-NEWLINE = re.compile(r"\r\n?|\n")                                 # Python's line ends (str.splitlines has more)
 ROW = re.compile(r"\(cancelled at (\d+)%\)$")      # how a results.tsv row of a cancelled run ends
 
 
@@ -374,43 +371,57 @@ def yardstick(candidate, best, baseline, original):
 
 def untrusted(source, original):
     """Why a train.py (source text) is not the original's code with other constants (see the module's text), or ""
-    when it is. The first line that differs is named."""
+    when it is. The first statement that differs is named by its first line."""
     mine, theirs = code_lines(source), code_lines(original)
-    for (n, line), (m, other) in itertools.zip_longest(mine, theirs, fillvalue=(None, None)):
+    if mine is None:
+        return "cannot be read as Python"
+    for (n, line), (m, other) in itertools.zip_longest(mine, theirs or [], fillvalue=(None, None)):
         if line != other:
             return f"differs from experiment 0's in code ({f'its line {n}' if n else f'it lacks line {m}'})"
     return ""
 
 
 def code_lines(source):
-    """[(line number, text)] of a train.py as the trust test compares them: blank and comment-only lines left out, a
-    comment after code left out where no quote comes before it (else the line is compared whole), trailing blanks cut,
-    and a constant assigned a plain literal (literal) reduced to its indent and name. A comment that could be an
-    encoding cookie (CODING) is compared as written."""
-    found = []
-    for n, line in enumerate(NEWLINE.split(source), 1):
-        constant = CONSTANT.fullmatch(line) if len(line) <= MAX_LINE else None
-        if constant and literal(constant[3]):
-            found.append((n, f"{constant[1]}{constant[2]} ="))
+    """[(first line number, tokens)] of a train.py's statements as the trust test compares them, read by Python's own
+    tokenizer (pure Python, safe in the device threads): what a regex over lines took for a comment can be inside a
+    string, where a `# \"\"\"` closes a docstring and runs the code after it (a hostile review). Comments, blank lines
+    and line breaks inside a statement are left out; a statement that assigns an UPPER_CASE constant a plain literal
+    (literal) is reduced to its indentation and name; an encoding cookie (CODING: utf-7 hides code in comments) is
+    compared as a statement. None when the tokenizer cannot read it."""
+    found, tokens, first = [], [], None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT and tok.start[0] <= 2 and CODING.match(tok.line):
+                found.append((tok.start[0], (("cookie", tok.string),)))
+            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER):
+                continue
+            first = first or tok.start[0]
+            if tok.type != tokenize.NEWLINE:
+                tokens.append((tok.type, "" if tok.type in (tokenize.INDENT, tokenize.DEDENT) else tok.string))
+                continue
+            found.append((first, reduced(tokens)))
+            tokens, first = [], None
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return None
+    return found + ([(first, reduced(tokens))] if tokens else [])
+
+
+def reduced(tokens):
+    """A statement's tokens, `NAME = <plain literal>` reduced to its indentation and `NAME =` (literal)."""
+    body = [t for t in tokens if t[0] not in (tokenize.INDENT, tokenize.DEDENT)]
+    if len(body) > 2 and body[0][0] == tokenize.NAME and CONSTANT_NAME.fullmatch(body[0][1]) and body[1][1] == "=" \
+            and literal(body[2:]):
+        return tuple(tokens[:len(tokens) - len(body) + 2])
+    return tuple(tokens)
+
+
+def literal(tokens):
+    """Whether the tokens after `NAME =` are a plain literal: numbers, strings (no f-string: it runs code), True,
+    False, None, brackets, commas and arithmetic operators; no name."""
+    for kind, text in tokens:
+        if kind == tokenize.STRING and "f" not in text.split(text[-1])[0].lower() or kind == tokenize.NUMBER:
             continue
-        head = re.match(r"[^'\"#]*", line)[0]
-        code = (head if line[len(head):].startswith("#") and not CODING.match(line) else line).rstrip()
-        if code.strip():
-            found.append((n, code))
-    return found
-
-
-def literal(value):
-    """Whether value (what follows `NAME =`, a comment after it aside) is a plain literal: LITERAL's tokens only, its
-    brackets closed on the line. Token by token, never backtracking across them (a hostile line is long)."""
-    at, depth, seen = 0, 0, False
-    while at < len(value) and value[at] != "#":
-        token = LITERAL.match(value, at)
-        if token is None:
-            return False
-        at, text = token.end(), token[0]
-        depth += (text in ("(", "[")) - (text in (")", "]"))
-        seen = seen or not text.isspace()
-        if depth < 0:
-            return False
-    return seen and depth == 0
+        if kind == tokenize.NAME and text in ("True", "False", "None") or kind == tokenize.OP and text in LITERAL_OPS:
+            continue
+        return False
+    return True

@@ -13,6 +13,7 @@ import enum
 import hashlib
 import math
 import os
+import secrets
 import signal
 import stat
 import subprocess
@@ -314,6 +315,22 @@ def _same_budget(text, budget):
         return False
 
 
+def open_unnamed(path, append=False):
+    """The log at path, opened for appending (emptied first unless append) through a second name of random hex that is
+    removed at once: a run reads its stdout's name from /proc/self/fd/1, and the log's name (0007-0-r1-best.log) would
+    tell it the experiment, the run and whether it is the best re-run for a successor's pairs (a hostile review: a
+    kept train.py that threw its own re-runs moved the ratchet backwards). Returns the binary file object."""
+    path = Path(path)
+    with open(path, "ab" if append else "wb"):
+        pass
+    other = path.with_name(f".{secrets.token_hex(8)}")
+    os.link(path, other)
+    try:
+        return open(other, "ab")
+    finally:
+        os.unlink(other)
+
+
 def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=False, peak=None):
     """Run argv in cwd in its own process group, stdout+stderr -> log_path. On timeout and on any exception
     (Ctrl-C) the whole group is killed; so are stray children of a run that exited. With peak (a usage.Peak), its
@@ -324,7 +341,7 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
     with _LIVE_LOCK:
         _LIVE.add(token)
-    with open(log_path, "ab" if append else "wb") as log:
+    with open_unnamed(log_path, append) as log:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**env, RUN_TOKEN: token}, start_new_session=True)
         try:

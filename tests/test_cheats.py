@@ -506,3 +506,14 @@ def test_a_view_that_would_show_the_repository_refuses_the_start(target, monkeyp
     err = capsys.readouterr().err
     assert "train.py's sandbox could read files it must not" in err and f"e.g. {target / '.git'}" in err
     assert not (target / "results.tsv").exists() or rows(target) == []
+
+
+@pytest.mark.parametrize("mode", SANDBOXES)
+def test_a_run_cannot_tell_its_experiment_or_run_from_its_logs_name(target, mode):
+    """/proc/self/fd/1 named the log (0001-0-r1-best.log): a kept train.py read "-best" there and threw the best's
+    re-runs that its successors were paired with (a hostile review). The log is written through a removed name."""
+    code = "print('STDOUT', os.readlink('/proc/self/fd/1'), os.readlink('/proc/self/fd/2'))"
+    one(target, inject("where do I write", code), mode)
+    [line] = [l for l in (target / "run.log").read_text().splitlines() if l.startswith("STDOUT ")]
+    names = [w for w in line.split()[1:] if w != "(deleted)"]
+    assert len(names) == 2 and all(not Path(n).name.startswith("0001") and ".log" not in n for n in names), line

@@ -131,7 +131,7 @@ def test_only_a_train_py_that_changes_literal_constants_of_the_original_is_trust
         "an added helper line": f"differs from experiment 0's in code (its line {smooth + 1})",
         "a conditional offset": f"differs from experiment 0's in code (its line {beta + 1})",
         "an annotation": f"differs from experiment 0's in code (its line {beta})",
-        "a bracket left open": f"differs from experiment 0's in code (its line {beta})"}
+        "a bracket left open": "cannot be read as Python"}
     last = original.rstrip().splitlines()
     assert curves.untrusted("\n".join(last[:-1]), original) == \
         f"differs from experiment 0's in code (it lacks line {len(last)})"
@@ -145,6 +145,14 @@ def test_only_a_train_py_that_changes_literal_constants_of_the_original_is_trust
         "differs from experiment 0's in code (its line 1)"
     assert curves.untrusted('A = """""  "\nb = 1\n"""\n', 'A = ""\nb = 1\n"""\n') == \
         "differs from experiment 0's in code (its line 1)"
+    # a "comment" inside a docstring closes it, runs code and opens a string that swallows the rest (a hostile review:
+    # the lines looked like comments to a test by lines, and the best's payload rewrote print)
+    payload = '# """;import builtins;builtins.print = lambda *a, **k: None;"""'
+    second = original.splitlines()[1]                           # inside the module's docstring
+    for after in ("\n" + payload, "  " + payload):
+        rigged = original.replace(second, second + after, 1)
+        assert rigged != original and curves.untrusted(rigged, original) == \
+            "differs from experiment 0's in code (its line 1)"
 
 
 def test_values_no_one_believes_are_ignored_and_the_watch_never_raises(tmp_path):
