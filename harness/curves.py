@@ -21,16 +21,16 @@ progress lines.
 Which curves are evidence (issue 35; `yardstick`): a printed curve is what train.py chose to print, so one is compared
 only where the human's code printed it. A train.py is trusted when its source differs from experiment 0's (the tag's
 original, human-written train.py) in nothing but lines that assign an UPPER_CASE constant a plain literal (numbers and
-arithmetic on them like `2**19` or `-1e-3`, strings without quotes inside, True/False/None, tuples and lists of
-those; no name on the right: `X = DEPTH * 2` is code), comments and blank lines aside: with only literal constants
-changed, what the printed loss measures is what the human's code prints. A kept train.py with code of its own could
-print its loss minus an offset for as long as the constants a successor would change keep their values, or its
-successors' plus one, and so have every successor cancelled however good (a lock-in). So: nothing is watched unless
-this hardware epoch's baseline is trusted (its curves give the noise); a trusted best's curves are the yardstick
-(the rule as above); when the best is not trusted its code is inherited by the candidate, which is then watched only
-when its own train.py is trusted (it dropped that code), against the baseline's curves (its run at the candidate's
-seed, or their mean). A candidate's own changes print only its own curve: `exempt` keeps them from a comparison
-that would not be like with like.
+arithmetic on them like `2**19` or `-1e-3`, strings (not f-strings), True/False/None, tuples and lists of those; no name
+on the right: `X = DEPTH * 2` is code), comments and blank lines aside, as Python's tokenizer reads it (a comment inside
+a string is string): with only literal constants changed, what the printed loss measures is what the human's code
+prints. A kept train.py with code of its own could print its loss minus an offset for as long as the constants a
+successor would change keep their values, or its successors' plus one, and so have every successor cancelled however
+good (a lock-in). So: nothing is watched unless this hardware epoch's baseline is trusted (its curves give the noise); a
+trusted best's curves are the yardstick (the rule as above); when the best is not trusted its code is inherited by the
+candidate, which is then watched only when its own train.py is trusted (it dropped that code), against the baseline's
+curves (its run at the candidate's seed, or their mean). A candidate's own changes print only its own curve: `exempt`
+keeps them from a comparison that would not be like with like.
 """
 
 import dataclasses
