@@ -328,6 +328,25 @@ def _foreign(folder, names):
         folder.name.startswith(("models--", "datasets--"))
 
 
+def _holds_or_in(path, folders):
+    return any(path.is_relative_to(f) or f.is_relative_to(path) for f in folders)
+
+
+@functools.cache
+def linker_folders():
+    """The folders the dynamic linker is configured to search (/etc/ld.so.conf and the files it includes:
+    /usr/lib/wsl/lib on WSL, a driver's folder): never hidden as no system's, whoever installed them. Paths; read
+    once a process."""
+    found, files = [], [Path("/etc/ld.so.conf"), *sorted(Path("/etc/ld.so.conf.d").glob("*.conf"))]
+    for conf in files:
+        try:
+            found += [Path(line.strip()) for line in conf.read_text(errors="replace").splitlines()
+                      if line.strip().startswith("/")]
+        except OSError:
+            pass
+    return found
+
+
 @functools.cache
 def packaged():
     """The entries of /usr's PACKAGED folders that a package installed ({"/usr/share/doc", ...}: dpkg's file lists;
@@ -354,7 +373,8 @@ def packaged():
 def foreign_trees():
     """What lies inside the system part of the view and is no system's, hidden in every view: an entry of /usr's
     PACKAGED folders that no package installed (packaged(); a link aside: update-alternatives makes some, and what
-    it points to is in view or not by itself), a home of an account inside a system folder, and any
+    it points to is in view or not by itself; a shared library and a folder of the dynamic linker's aside: a driver's
+    installer puts them there), a home of an account inside a system folder, and any
     folder with the marks of _foreign (another clone of a project, a data cache, hub models someone put under
     /usr/local/lib). Walked once a process (about half a second for 15,000 folders), links not followed."""
     roots = [root for root, link in system_view() if link is None]
@@ -363,7 +383,8 @@ def foreign_trees():
     for root in roots if owned is not None else ():
         if root.parent == Path("/usr") and root.name in PACKAGED:
             try:
-                found += sorted(e for e in root.iterdir() if str(e) not in owned and not e.is_symlink())
+                found += sorted(e for e in root.iterdir() if str(e) not in owned and not e.is_symlink()
+                                and not SHARED_LIBRARY.search(e.name) and not _holds_or_in(e, linker_folders()))
             except OSError:
                 pass
     for root, link in system_view():

@@ -373,3 +373,23 @@ def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidde
             shutil.rmtree(path, ignore_errors=True)
         copy.unlink(missing_ok=True)
         sandbox.foreign_trees.cache_clear()
+
+
+def test_a_library_folder_of_the_linker_or_a_library_no_package_installed_stays_in_view(monkeypatch, tmp_path):
+    """WSL's libcuda lives in /usr/lib/wsl/lib (named in /etc/ld.so.conf.d, installed by no package), a driver's
+    runfile puts libraries straight into /usr/lib: hiding them would take the GPU from every sandboxed run."""
+    import shutil
+    if os.getuid() != 0 or sandbox.packaged() is None:
+        pytest.skip("writes under /usr (root) and reads dpkg's records")
+    name = f"ar-test-{uuid.uuid4().hex[:8]}"
+    folder, library = Path("/usr/lib") / name / "lib", Path("/usr/lib") / f"lib{name}.so.1"
+    monkeypatch.setattr(sandbox, "linker_folders", lambda: [folder])
+    try:
+        folder.mkdir(parents=True)
+        library.write_text("x")
+        sandbox.foreign_trees.cache_clear()
+        assert not {folder.parent, library} & set(sandbox.foreign_trees())
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        library.unlink(missing_ok=True)
+        sandbox.foreign_trees.cache_clear()
