@@ -387,9 +387,7 @@ def foreign_trees():
                                 and not SHARED_LIBRARY.search(e.name) and not _holds_or_in(e, linker_folders()))
             except OSError:
                 pass
-    for root, link in system_view():
-        if link is not None:
-            continue
+    for root in roots:
         for top, dirs, files in os.walk(root, onerror=lambda e: None):
             here = Path(top)
             if here in found or _foreign(here, {*dirs, *files}):
@@ -608,8 +606,9 @@ def samples(path, skip=()):
         return [path]
     found, skip = [], [Path(p).resolve() for p in skip]
     for top, dirs, files in os.walk(path, onerror=lambda e: None):
-        dirs[:] = sorted(d for d in dirs if not any((Path(top) / d).resolve() == k for k in skip))
-        found += [Path(top) / f for f in sorted(files) if (Path(top) / f).is_file() and (Path(top) / f).stat().st_size]
+        here = Path(top)
+        dirs[:] = sorted(d for d in dirs if (here / d).resolve() not in skip)
+        found += [here / f for f in sorted(files) if (here / f).is_file() and (here / f).stat().st_size]
         if len(found) >= SAMPLE:
             break
     return found[:SAMPLE]
