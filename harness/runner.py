@@ -324,7 +324,10 @@ def open_unnamed(path, append=False):
     with open(path, "ab" if append else "wb"):
         pass
     other = path.with_name(f".{secrets.token_hex(8)}")
-    os.link(path, other)
+    try:
+        os.link(path, other)
+    except OSError:                 # a filesystem without hard links: the log under its own name, as before
+        return open(path, "ab")
     try:
         return open(other, "ab")
     finally:
