@@ -250,8 +250,7 @@ def main(argv=None):
             devices = list(settings.device_list) if settings.ray is None else cluster.connect(settings.ray, dict(
                 sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops here
                 hide=[repo.working_tree_dir, str(git_dir(repo))]))
-            s, constants = open_session(settings)
-            s.profile = profile
+            s, constants = open_session(settings, profile)
             return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
     except SetupError as e:
         console.error(f"agent.py: error: {e}")

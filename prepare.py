@@ -75,6 +75,9 @@ METRIC_TOLERANCE = 5e-4
 # 1e-4 bpb is ~2x the largest gap measured between two evaluations of one model in different arithmetic (above).
 METRIC_SD_FLOOR = 1e-4
 TIME_BUDGET = 300        # training time budget in seconds (5 minutes), start-up and eval excluded
+# A profile's own budget where it is not TIME_BUDGET: the lab (2 CPU cores) measures research at 60 s a run, where
+# its curve is flat enough that seed and load move val_bpb little (docs/benchmarks.md, "The lab profile").
+PROFILE_BUDGETS = {"lab": 60}
 PREFLIGHT = False        # nothing to check before the loop beyond --check
 SPEED_PROBE = True       # `prepare.py --probe` times a fixed workload on the device (harness.conditions reads it)
 # The probe's workload per device type: (n, reps): reps matmuls of n x n (bf16 on CUDA, float32 elsewhere) with a
@@ -114,7 +117,11 @@ PROFILES = {
     "default": Profile("default", max_seq_len=2048, eval_tokens=40 * 524288, vocab_size=8192, doc_chars=4096),
     "small": Profile("small", max_seq_len=512, eval_tokens=2 * 524288, vocab_size=4096, doc_chars=1024),
     "cpu": Profile("cpu", max_seq_len=256, eval_tokens=65536, vocab_size=2048, doc_chars=512),
+    "lab": Profile("lab", max_seq_len=128, eval_tokens=65536, vocab_size=512, doc_chars=256),
 }
+# lab: research on 2 CPU cores. A ~0.3M-parameter model on 128-token rows of a 512-token vocabulary trains ~1000
+# steps in its 60 s (PROFILE_BUDGETS), and always on the sample shipped in data/sample (unless --source or --dataset
+# says otherwise), so that its recorded table of runs (bench/lab_table.tsv) holds on every machine.
 
 # ---------------------------------------------------------------------------
 # Configuration
@@ -138,7 +145,7 @@ MAX_REPLACED_FRACTION = 0.01     # more undecodable bytes than this and a file i
 # loop; the default profile needs real data. Its val split holds ~114K tokens with the cpu profile's tokenizer and
 # ~94K with small's, so it scores at most SAMPLE_EVAL_TOKENS (small's 1M would wrap around).
 SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "sample"
-SAMPLE_PROFILES = ("cpu", "small")
+SAMPLE_PROFILES = ("cpu", "small", "lab")
 SAMPLE_EVAL_TOKENS = 65536
 
 # BPE split pattern (GPT-4 style, with \p{N}{1,2} instead of {1,3}); the same pattern trains and encodes.
@@ -158,23 +165,25 @@ class PrepareError(Exception):
     """A problem the user must fix; the message names the fix. Exits with code 1 from the CLI."""
 
 
-def time_budget():
+def time_budget(profile=None):
     """Effective training budget in seconds and whether it was overridden.
 
-    Returns (seconds: float, overridden: bool); overridden is True only when the budget differs from
-    TIME_BUDGET (setting the variable to 300 changes nothing). Raises PrepareError if
+    profile: the prepared profile's name; its budget is PROFILE_BUDGETS' where it has one, else TIME_BUDGET.
+    Returns (seconds: float, overridden: bool); overridden is True only when the budget differs from the
+    profile's (setting the variable to 300 changes nothing). Raises PrepareError if
     $AUTORESEARCH_TIME_BUDGET is set but is not a positive, finite number.
     """
+    own = float(PROFILE_BUDGETS.get(profile, TIME_BUDGET))
     raw = os.environ.get(TIME_BUDGET_ENV)
     if raw is None or raw == "":
-        return float(TIME_BUDGET), False
+        return own, False
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
     if not (seconds > 0 and math.isfinite(seconds)):
         raise PrepareError(f"{TIME_BUDGET_ENV}={raw!r} is not a positive, finite number of seconds; unset it or use e.g. {TIME_BUDGET_ENV}=30")
-    return seconds, seconds != TIME_BUDGET
+    return seconds, seconds != own
 
 # ---------------------------------------------------------------------------
 # Prepared-data record
@@ -1259,8 +1268,10 @@ def main(argv=None):
                              "data/sample when offline)")
     parser.add_argument("--source", metavar="PATH", help="use local .txt/.jsonl(text)/.parquet(text) files instead of downloading (offline)")
     parser.add_argument("--profile", choices=sorted(PROFILES),
-                        help="evaluation constants: default (H100), small (Mac / small GPU), cpu (default: the class of "
-                             "this machine's device: default with CUDA, small with MPS, cpu otherwise)")
+                        help="evaluation constants: default (H100), small (Mac / small GPU), cpu (300 s on a CPU), lab "
+                             "(60 s on 2 CPU cores, the shipped sample: research you can measure on a laptop) "
+                             "(default: the class of this machine's device: default with CUDA, small with MPS, cpu "
+                             "otherwise)")
     parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards to download, -1 = all (default: 10)")
     parser.add_argument("--download-workers", type=int, default=8, help="parallel downloads (default: 8)")
     parser.add_argument("--eval-tokens", type=int, metavar="N",
@@ -1303,7 +1314,8 @@ def main(argv=None):
             raise PrepareError(f"--num-shards {args.num_shards}: need at least 1 training shard (or -1 for all)")
         profile = args.profile or device_profile()
         dataset = args.dataset or ("climbmix" if profile == "default" else "tinystories")
-        prepare(dataset, args.source, with_eval_tokens(PROFILES[profile], args.eval_tokens), num_shards,
+        source = SAMPLE_DIR if profile == "lab" and args.source is None and args.dataset is None else args.source
+        prepare(dataset, source, with_eval_tokens(PROFILES[profile], args.eval_tokens), num_shards,
                 args.download_workers, args.force)
         return 0
     except PrepareError as e:

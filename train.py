@@ -379,10 +379,10 @@ class Muon(torch.optim.Optimizer):
 
 try:
     prepared = load_prepared()
-    budget_seconds, budget_override = time_budget()
+    budget_seconds, budget_override = time_budget(prepared.profile.name)
 except PrepareError as e:
     sys.exit(f"train.py: {e}")
-PROFILE = prepared.profile.name   # cpu | small | default, fixed by prepare.py
+PROFILE = prepared.profile.name   # lab | cpu | small | default, fixed by prepare.py
 SEED = int(os.environ.get("AUTORESEARCH_SEED", "42"))   # init and data order; the harness varies it between runs
 MAX_SEQ_LEN = prepared.max_seq_len
 
@@ -399,7 +399,16 @@ FINAL_LR_FRAC = 0.0       # learning rate at the end, as a fraction of the peak
 SOFTCAP = 15.0            # logits are squashed to (-SOFTCAP, SOFTCAP)
 
 # Model size and batch per device class: the branch of the prepared profile is the one that runs.
-if PROFILE == "cpu":      # a 2-core CPU, 300 s: ~5M parameters, many small steps (more steps beat bigger batches here)
+if PROFILE == "lab":      # 2 CPU cores, 60 s: ~0.3M parameters, ~1000 steps (research measurable on a laptop)
+    DEPTH = 3
+    ASPECT_RATIO = 32
+    HEAD_DIM = 32
+    WINDOW_PATTERN = "L"
+    TOTAL_BATCH_SIZE = 2**11
+    DEVICE_BATCH_SIZE = 16
+    EVAL_BATCH_SIZE = 64
+    MATRIX_LR = 0.04
+elif PROFILE == "cpu":    # a 2-core CPU, 300 s: ~5M parameters, many small steps (more steps beat bigger batches here)
     DEPTH = 4
     ASPECT_RATIO = 64     # model_dim = DEPTH * ASPECT_RATIO, rounded up to a multiple of HEAD_DIM
     HEAD_DIM = 64

@@ -83,7 +83,7 @@ class Local:
             evaluation = runner.Evaluation(
                 prepare_dir=spec.frozen_dir, artifact=artifact, digest=spec.evaluation["digest"],
                 tolerance=spec.evaluation["tolerance"], own_required=s.wrap is None, setup=spec.fresh_frozen,
-                wrap=eval_wrap)
+                wrap=eval_wrap, timeout=spec.evaluation.get("timeout"))
         run = runner.RunSpec(
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: s.wrap(argv, spec.run_dir, gpu)) if s.wrap else (lambda a: a),

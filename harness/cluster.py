@@ -98,7 +98,8 @@ class RayBackend:
         payload = dict(files=read_tree(spec.run_dir), frozen=read_tree(spec.frozen_dir), metric=spec.metric,
                        timeout=spec.timeout, env={k: v for k, v in spec.env.items() if k != "AUTORESEARCH_ARTIFACT"},
                        budget=spec.budget, max_wall=spec.max_wall, probe=spec.probe, cancel=spec.cancel,
-                       evaluation=ev and {k: ev[k] for k in ("digest", "tolerance", "artifact")}, **self.context)
+                       evaluation=ev and {k: ev.get(k) for k in ("digest", "tolerance", "artifact", "timeout")},
+                       **self.context)
         shutil.rmtree(spec.run_dir, ignore_errors=True)
         return payload
 
@@ -181,7 +182,7 @@ def remote_run(payload):
         env["AUTORESEARCH_ARTIFACT"] = str(artifact)
         evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
                                               tolerance=ev["tolerance"], own_required=not sandboxed,
-                                              wrap=eval_wrap)
+                                              wrap=eval_wrap, timeout=ev.get("timeout"))
         spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
                               frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
                               max_wall=payload["max_wall"], evaluation=evaluation, cancel=payload.get("cancel"),

@@ -22,7 +22,7 @@ from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.proposers import Spend
 from harness.redact import redact
-from harness.runner import Kind
+from harness.runner import EVAL_TIMEOUT, Kind
 from harness.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked
 from harness.settings import THREADS
 from harness.target import run_prepare
@@ -127,7 +127,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
 
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, s.metric,
                 s.timeout, s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
-                s.evaluation, fresh_frozen, device, s.speed_probe, cancel_watcher(s, n, run, sha, base))
+                s.evaluation and {**s.evaluation, "timeout": eval_timeout(s)}, fresh_frozen, device, s.speed_probe,
+                cancel_watcher(s, n, run, sha, base))
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, s.target_rel, run_dir, leave_out=evaluator_only_inside(s))
@@ -414,6 +415,11 @@ def record_baseline(s, outcomes, t0, spend0):
             raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
                        f"data (docs/parallel.md), then rerun the same command. Last lines of {RUN_LOG}:\n"
                        f"{outcome.log_tail}")
+        if outcome.reason.startswith(EVAL_TIMEOUT):    # the pristine evaluator: the machine, not train.py
+            raise Stop(f"the baseline's separate evaluation ran out of time ({outcome.reason}): this machine is too "
+                       f"slow or too busy for this profile's evaluation, which is not train.py's fault. Quiet the "
+                       f"machine, give it more time (--timeout SECONDS raises the limit), or prepare the smaller lab "
+                       f"profile (`uv run prepare.py --profile lab --force`); then rerun the same command")
         if outcome.metric is None:
             raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
                        f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
@@ -475,6 +481,20 @@ def max_wall(s):
     base = ledger.baseline_of(s.history)            # this hardware's
     return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
                                 s.pool.cpu_workers if s.pool else 1, comparable=not s.smoke)
+
+
+EVAL_FIRST_S = 1800.0   # the baseline's separate evaluations may take this long (nothing is known of the machine yet)
+EVAL_TIMES = 5          # later, a run's may take this many times the baseline's (a bigger model, a busier machine) ...
+EVAL_SLACK_S = 120.0    # ... plus this (the evaluator's start-up: Python, torch, loading the exported program)
+
+
+def eval_timeout(s):
+    """Seconds the separate evaluation of a run may take, sized by evaluation, not by the training budget: before
+    this hardware's baseline is measured EVAL_FIRST_S, then EVAL_TIMES x the baseline's evaluation + EVAL_SLACK_S;
+    --timeout, when given, when it is longer."""
+    base = None if s.baseline_due else ledger.baseline_of(s.history)
+    sized = EVAL_FIRST_S if base is None else EVAL_TIMES * (base.get("eval_seconds") or 0.0) + EVAL_SLACK_S
+    return max(sized, s.settings.timeout or 0.0)
 
 
 def holdout_line(s):

@@ -45,6 +45,7 @@ class Evaluation:
     own_required: bool = False              # train.py could read the evaluation data, so it must print its number
     setup: Callable = lambda: None          # called right before the evaluator starts (e.g. a fresh pristine copy)
     wrap: Callable = lambda argv: argv      # e.g. a sandbox; identity by default
+    timeout: float | None = None            # seconds the evaluator may take (None: the run's timeout)
 
 
 @dataclasses.dataclass
@@ -65,6 +66,9 @@ class RunSpec:
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
     cancel: object = None                   # a curves.Watcher: training stops early when its rule says so
+
+
+EVAL_TIMEOUT = "evaluation timeout"      # how a reason starts when the separate evaluation ran out of time
 
 
 class Kind(enum.Enum):
@@ -229,16 +233,20 @@ def evaluate(spec, outcome):
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
         offset = log.tell()                 # the evaluator's output starts here, however long train.py's log was
-    t0 = time.monotonic()
+    t0, limit = time.monotonic(), ev.timeout or spec.timeout
     rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
                                             str(ev.artifact)]), ev.prepare_dir, spec.log,
-                                   run_env(spec), spec.timeout, lambda pgid: None, spec.on_tick,
+                                   run_env(spec), limit, lambda pgid: None, spec.on_tick,
                                    append=True)
     outcome.eval_seconds = time.monotonic() - t0
-    if timed_out or rc != 0:
+    if timed_out:       # a model too slow to score, or a machine too slow or busy: not a bug a fix could mend
+        outcome.fail(Kind.TIMEOUT, f"{EVAL_TIMEOUT} after {limit:.0f}s: the frozen evaluator did not finish scoring "
+                     "the model in time")
+        return
+    if rc != 0:
         outcome.fail(Kind.CRASH, (
-            f"evaluation failed ({'timeout' if timed_out else f'exit code {rc}'}): the artifact could "
-            "not be loaded or scored; see the end of the log"))
+            f"evaluation failed (exit code {rc}): the artifact could not be loaded or scored; see the end of the "
+            "log"))
         return
     with open(spec.log, "rb") as log:
         log.seek(offset)

@@ -32,7 +32,8 @@ from harness.gitops import git_blob_sha
 from harness.holdout import pinned_env
 from harness.proposers import Spend
 from harness.settings import Settings
-from harness.target import FROZEN, check_target, default_timeout, effective_budget, read_frozen_constants, run_prepare
+from harness.target import (FROZEN, check_target, default_timeout, effective_budget, own_budget, read_frozen_constants,
+                             run_prepare)
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
 
 RUN_LOG = "run.log"
@@ -260,7 +261,7 @@ def describe(e, metric):
 # ---------------------------------------------------------------------------
 
 
-def open_session(settings):
+def open_session(settings, profile=None):
     """Check everything, then create autoresearch/<tag> from HEAD or resume it. Returns (Session, constants).
 
     The user's checkout stays on its branch; only the target's train.py and frozen files must be committed (their
@@ -273,7 +274,7 @@ def open_session(settings):
     constants = read_frozen_constants(target / "prepare.py")
     all_events = ledger.read_events(target / ledger.EVENTS)   # a line cut mid-write is skipped (cut after the checks)
     state = ledger.tag_state(all_events, settings.tag)
-    s = new_session(settings, target, constants, state)
+    s = new_session(settings, target, constants, state, profile)
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
@@ -296,16 +297,18 @@ def open_session(settings):
     return s, constants
 
 
-def new_session(settings, target, constants, state):
-    """The Session of tag settings.tag in the repository holding target, its position from its TagState."""
-    budget = effective_budget(constants["TIME_BUDGET"])
+def new_session(settings, target, constants, state, profile=None):
+    """The Session of tag settings.tag in the repository holding target, its position from its TagState; profile:
+    the prepared one (`prepare.py --check`), whose own budget the target may declare (target.own_budget)."""
+    own = own_budget(constants, profile)
+    budget = effective_budget(own)
     repo = gitops.open_repo(target)
     history, kept = state.history, state.kept
     s = Session(settings=settings, target=target, repo=repo, branch=f"autoresearch/{settings.tag}",
                 train_rel=gitops.repo_rel(repo, target / "train.py"),
                 frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
-                smoke=budget != float(constants["TIME_BUDGET"]), sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
+                smoke=budget != own, profile=profile, sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
                 speed_probe=constants.get("SPEED_PROBE") is True,
                 timeout=settings.timeout or default_timeout(budget),
                 rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),

@@ -84,6 +84,17 @@ def read_frozen_constants(prepare_path):
     return values
 
 
+def own_budget(constants, profile):
+    """The target's own budget in seconds for the prepared profile: PROFILE_BUDGETS[profile] where prepare.py declares
+    one (the lab's 60 s), else TIME_BUDGET. constants: read_frozen_constants'; profile: `prepare.py --check`'s, or
+    None. SetupError when a declared budget is not a positive number."""
+    budgets = constants.get("PROFILE_BUDGETS", {})
+    own = budgets.get(profile, constants["TIME_BUDGET"]) if isinstance(budgets, dict) else constants["TIME_BUDGET"]
+    if isinstance(own, bool) or not isinstance(own, (int, float)) or not own > 0:
+        raise SetupError(f"prepare.py's budget for profile {profile!r} is {own!r}, not a positive number of seconds")
+    return float(own)
+
+
 def effective_budget(time_budget):
     """TIME_BUDGET seconds, or AUTORESEARCH_TIME_BUDGET when set (smoke tests); SetupError if not positive."""
     raw = os.environ.get("AUTORESEARCH_TIME_BUDGET")

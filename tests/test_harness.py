@@ -3,15 +3,18 @@ Unit tests of the harness package's pure parts: the edit format, the random/grid
 constants and budget, prices, summary parsing. The loop itself is tested through agent.main in test_agent.py.
 """
 
+from types import SimpleNamespace
+
 import pytest
 
 from agent_target import edit
+from harness import experiment
 from harness.edits import EditError, apply_answer
-from harness.errors import SetupError
+from harness.errors import SetupError, Stop
 from harness.perturb import grid, moves, numeric_constants
 from harness.proposers import price
-from harness.runner import parse_summary, read_metric
-from harness.target import default_timeout, effective_budget, read_frozen_constants
+from harness.runner import Kind, Outcome, parse_summary, read_metric
+from harness.target import default_timeout, effective_budget, own_budget, read_frozen_constants
 
 
 
@@ -88,6 +91,42 @@ def test_frozen_constants_and_timeout(tmp_path, monkeypatch):
     (tmp_path / "prepare.py").write_text('METRIC_NAME = "x"\nTIME_BUDGET = 300\n')
     with pytest.raises(SetupError, match="must declare METRIC_GOAL"):
         read_frozen_constants(tmp_path / "prepare.py")
+
+
+def test_a_profile_declares_its_own_budget(tmp_path):
+    """prepare.py's PROFILE_BUDGETS gives a profile (the lab's) a budget of its own; other profiles, and targets
+    that declare none (grpo), keep TIME_BUDGET; a declared budget that is not a positive number is refused."""
+    (tmp_path / "prepare.py").write_text('METRIC_NAME = "val_bpb"\nMETRIC_GOAL = "min"\nTIME_BUDGET = 300\n'
+                                         'PROFILE_BUDGETS = {"lab": 60}\n')
+    values = read_frozen_constants(tmp_path / "prepare.py")
+    assert [own_budget(values, p) for p in ("lab", "cpu", None)] == [60.0, 300.0, 300.0]
+    assert own_budget(dict(TIME_BUDGET=120), "lab") == 120.0
+    for bad in (0, -5, "60", True):
+        with pytest.raises(SetupError, match="budget for profile 'lab' is .*not a positive number"):
+            own_budget(dict(TIME_BUDGET=300, PROFILE_BUDGETS={"lab": bad}), "lab")
+
+
+def test_the_evaluation_limit_is_sized_by_evaluation():
+    """Before this hardware's baseline is measured its evaluations get EVAL_FIRST_S; then 5 x the baseline's
+    evaluation + 120 s, whatever the training budget; --timeout when longer. A baseline whose pristine evaluator ran
+    out of time stops the loop as the machine's problem, with the fixes, never "Fix train.py"."""
+    base = dict(n=0, status="keep", description="baseline", eval_seconds=3.0, hardware_epoch=1)
+    s = SimpleNamespace(baseline_due=False, history=[base], settings=SimpleNamespace(timeout=None))
+    assert experiment.eval_timeout(s) == 5 * 3.0 + 120
+    assert experiment.eval_timeout(changed(s, baseline_due=True)) == 1800.0
+    assert experiment.eval_timeout(changed(s, settings=SimpleNamespace(timeout=4000.0))) == 4000.0
+    late = Outcome("c0ffee", None, 0.0, 65.0, kind=Kind.TIMEOUT,
+                   reason="evaluation timeout after 1800s: the frozen evaluator did not finish scoring the model in time")
+    with pytest.raises(Stop) as stop:
+        experiment.record_baseline(s, [late], 0.0, None)
+    assert str(stop.value).startswith("the baseline's separate evaluation ran out of time (evaluation timeout after "
+                                      "1800s: ") and "Fix train.py" not in str(stop.value)
+    assert "--timeout SECONDS" in str(stop.value) and "--profile lab" in str(stop.value)
+
+
+def changed(namespace, **changes):
+    """A copy of a SimpleNamespace with changes."""
+    return SimpleNamespace(**{**vars(namespace), **changes})
 
 
 def test_price_table():

@@ -115,6 +115,24 @@ def test_the_separate_evaluation_is_not_counted(tmp_path):
     assert outcome.memory_gb < 0.15 and outcome.eval_seconds >= 1.5
 
 
+def test_an_evaluation_past_its_own_limit_is_a_timeout_not_a_crash(tmp_path):
+    """The separate evaluation has a time limit of its own (Evaluation.timeout, sized by evaluation): past it the
+    evaluator's process group is killed and the run is a timeout (no fix is asked for), its reason saying so."""
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    (frozen / "prepare.py").write_text('import time\ntime.sleep(60)\nprint("---\\nval_bpb: 1.0")\n')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.py").write_text('open("model.json", "w").write("{}")\nprint("---\\nval_bpb: 1.0")\n')
+    spec = runner.RunSpec(commit="c0ffee", cwd=run_dir, log=tmp_path / "run.log", metric="val_bpb", timeout=60,
+                          evaluation=runner.Evaluation(prepare_dir=frozen, artifact=run_dir / "model.json", timeout=2.0))
+    outcome = runner.run(spec)
+    assert outcome.kind is runner.Kind.TIMEOUT and not outcome.kind.fixable and outcome.metric is None
+    assert outcome.reason == ("evaluation timeout after 2s: the frozen evaluator did not finish scoring the model "
+                              "in time")
+    assert 2.0 <= outcome.eval_seconds < 10
+
+
 def test_sampling_never_raises_and_sees_this_process():
     peak = usage.Peak()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
