@@ -451,6 +451,27 @@ def test_offline_cpu_and_small_prepare_the_sample_corpus_and_keep_it(offline, pr
         capsys.readouterr().out
 
 
+def test_the_lab_profile_prepares_the_shipped_sample_with_its_own_budget(tmp_path, monkeypatch, capsys):
+    """`prepare.py --profile lab` never downloads: the sample in data/sample, whatever the network, so that the lab's
+    recorded table holds anywhere; its train shards mix the two books finely (TRAIN_ROW_GROUP documents per row
+    group, which the seeded order shuffles); its budget is its own 60 s, which the variable overrides as usual."""
+    def no_network(*args, **kwargs):
+        raise AssertionError("the lab profile downloads nothing")
+    monkeypatch.setattr(P, "download_file", no_network)
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    assert P.main(["--profile", "lab"]) == 0
+    meta = json.loads((tmp_path / "cache" / "prepared.json").read_text())
+    assert (meta["dataset"], meta["source"], meta["profile"], meta["max_seq_len"], meta["vocab_size"],
+            meta["eval_tokens"]) == ("sample", str(REPO / "data" / "sample"), "lab", 128, 512, 65536)
+    [shard] = (tmp_path / "cache" / "data" / "sample").glob("shard_*.parquet")
+    groups = pq.ParquetFile(shard).metadata
+    assert groups.num_row_groups == -(-meta["train_docs"] // 64) and groups.row_group(0).num_rows == 64
+    monkeypatch.delenv(P.TIME_BUDGET_ENV, raising=False)
+    assert P.time_budget("lab") == (60.0, False) and P.time_budget("cpu") == (300.0, False)
+    monkeypatch.setenv(P.TIME_BUDGET_ENV, "60")
+    assert P.time_budget("lab") == (60.0, False) and P.time_budget("cpu") == (60.0, True)
+
+
 def test_offline_default_profile_and_other_data_never_fall_back(offline, tmp_path, capsys):
     """The default profile (an H100's 21M eval tokens) stops offline with --source in the message; a cache holding
     other data is never replaced by the sample, not even with --force."""
