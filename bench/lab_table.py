@@ -78,10 +78,14 @@ def provenance(cache=None):
                                       "print(json.dumps(dict(profile=p.profile.name, dataset=p.dataset, "
                                       "budget=prepare.time_budget(p.profile.name)[0])))"],
                                      cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout)
-    probe = subprocess.run([sys.executable, "prepare.py", "--probe"], cwd=ROOT, env=env, capture_output=True,
-                           text=True).stdout
-    probe_s = next((float(line.split()[1]) for line in probe.splitlines() if line.startswith("probe_s:")), None)
-    return dict(prepare_sha=sha(ROOT / "prepare.py"), train_sha=sha(ROOT / "train.py"), **meta, probe_s=probe_s)
+    return dict(prepare_sha=sha(ROOT / "prepare.py"), train_sha=sha(ROOT / "train.py"), **meta, probe_s=probe(env))
+
+
+def probe(env=None):
+    """This machine's speed now: prepare.py --probe's seconds (harness.conditions), or None when it printed none."""
+    out = subprocess.run([sys.executable, "prepare.py", "--probe"], cwd=ROOT, env=env or os.environ,
+                         capture_output=True, text=True).stdout
+    return next((float(line.split()[1]) for line in out.splitlines() if line.startswith("probe_s:")), None)
 
 
 COMPARED = ("prepare_sha", "profile", "dataset", "budget")    # what a replay needs alike (train.py: collect)
@@ -161,6 +165,7 @@ def run_one(point, seed, budget, cache=None):
         Path(tmp, "train.py").write_text(source_at(point))
         env = {**os.environ, "AUTORESEARCH_SEED": str(seed), "AUTORESEARCH_TIME_BUDGET": f"{budget:g}",
                **({"AUTORESEARCH_CACHE": str(cache)} if cache else {})}
+        speed = probe(env)
         t0 = time.monotonic()
         result = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True,
                                 timeout=10 * budget + 300)
@@ -177,7 +182,7 @@ def run_one(point, seed, budget, cache=None):
     ok = result.returncode == 0 and value is not None
     return dict(point=point, seed=seed, budget=budget, val_bpb=float(value) if ok else None,
                 steps=int(summary["num_steps"]) if ok else None,
-                train_s=float(summary["training_seconds"]) if ok else None, wall_s=round(wall, 2),
+                train_s=float(summary["training_seconds"]) if ok else None, wall_s=round(wall, 2), probe_s=speed,
                 curve=[[round(q.progress, 4), round(q.loss, 4)] for q in kept],
                 error=None if ok else (log.strip().splitlines() or ["no output"])[-1][-300:])
 
