@@ -17,6 +17,10 @@ from harness.ledger import LABELS
 MARKERS = ("<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE")   # each alone on its line (trailing blanks allowed)
 MAX_ANSWER_CHARS = 200_000       # an answer may rewrite train.py (~30 KB) several times over, not flood the parser
 MAX_BLOCKS = 200
+# Invisible characters an answer may carry before or inside its DESCRIPTION line (a BOM, zero-width characters, bidi
+# controls): removed from the lines before the first block, so that the line is found and its words are what shows.
+INVISIBLE = re.compile("[\ufeff\u200b-\u200f\u2060-\u2064\u202a-\u202e\u2066-\u2069\u00ad]")
+EMPTY_DESCRIPTION = "describe the idea in a few words"     # an empty description, wherever it comes from (try -m too)
 MALFORMED = ("a block is malformed: every <<<<<<< SEARCH line needs a ======= line and a >>>>>>> REPLACE line, "
              "in that order")
 
@@ -36,10 +40,14 @@ def apply_answer(answer, train_src, frozen=("prepare.py",)):
         raise EditError(f"the answer is {len(answer):,} characters with {answer.count(MARKERS[0])} blocks; an edit "
                         f"may be at most {MAX_ANSWER_CHARS:,} characters and {MAX_BLOCKS} blocks: send only the lines "
                         "that change")
+    head, sep, rest = answer.partition(MARKERS[0])
+    answer = INVISIBLE.sub("", head) + sep + rest
     m = re.search(r"^[ \t]*DESCRIPTION:(.*)$", answer, re.M)     # no backtracking over a line of blanks
-    if not m or not m.group(1).strip():
+    if not m:
         raise EditError('the answer has no "DESCRIPTION: ..." line')
     description = clean_description(m.group(1))
+    if not description:
+        raise EditError(f"the DESCRIPTION line is empty (or holds only labels the harness writes): {EMPTY_DESCRIPTION}")
     for name in re.findall(r"^[ \t]*FILE:[ \t]*(\S+)", answer, re.M):
         if Path(name).name != "train.py":
             raise EditError(f"the answer edits {name}, but only train.py may change ({', '.join(frozen)} and "
@@ -138,6 +146,7 @@ def clean_description(text):
     """One line of printable text, at most 200 characters: safe for a results.tsv cell, a commit subject and a
     terminal. Control characters (NUL, which git refuses; ESC and BEL, which drive terminals; C1 codes) become
     spaces, and runs of whitespace (tabs, newlines) one space. Leading labels only the harness writes ("[budget
-    10s]", "[hw2]", any number of them) are removed: a description cannot pass for a smoke row or another hardware's."""
-    text = "".join(c if c.isprintable() else " " for c in text)
+    10s]", "[hw2]", any number of them) are removed: a description cannot pass for a smoke row or another hardware's.
+    Invisible characters (INVISIBLE) are removed, not spaced: they show as nothing."""
+    text = "".join(c if c.isprintable() else " " for c in INVISIBLE.sub("", text))
     return LABELS.sub("", " ".join(text.split()))[:200]

@@ -14,7 +14,7 @@ import re
 import time
 
 from harness import console, experiment, hybrid, ledger, outer
-from harness.edits import EditError, answer_for, apply_answer, fingerprint
+from harness.edits import INVISIBLE, EditError, answer_for, apply_answer, fingerprint
 from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
     program_brief
@@ -271,7 +271,7 @@ def on_llm_retry(s, retry, problem, delay):
 
 def split_ideas(answer):
     """An answer's ideas: the text from each DESCRIPTION line to the next (the whole answer when it has at most one)."""
-    starts = [m.start() for m in re.finditer(r"(?m)^[ \t]*DESCRIPTION:", answer)]
+    starts = [m.start() for m in re.finditer(rf"(?m)^[ \t]*(?:{INVISIBLE.pattern})*DESCRIPTION:", answer)]
     if len(starts) <= 1:
         return [answer]
     return [answer[a:b] for a, b in zip(starts, starts[1:] + [len(answer)])]

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from harness import curves, memory, tracking
-from harness.edits import clean_description
+from harness.edits import EMPTY_DESCRIPTION, clean_description
 from harness.pool import parse_devices
 from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM
@@ -208,7 +208,7 @@ def parse_try_args(argv):
         p.error(f"--new-hardware measures a new baseline: `agent.py try --tag {args.tag} --baseline --new-hardware` "
                 "first, then -m as usual")
     if args.message is not None and not clean_description(args.message):
-        p.error("-m: describe the idea in a few words")
+        p.error(f"-m: {EMPTY_DESCRIPTION}")
     args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
     return args
 

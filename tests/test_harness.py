@@ -55,13 +55,32 @@ def test_a_huge_answer_is_refused_in_linear_time():
         with pytest.raises(EditError, match="an edit may be at most 200,000 characters"):
             apply_answer(answer, "A = 1\n")
     assert apply_answer("\n" * 150_000 + edit("far down", "A = 1", "A = 2"), "A = 1\n") == ("far down", "A = 2\n")
-    with pytest.raises(EditError, match='no "DESCRIPTION: ..." line'):           # a line of blanks: no backtracking
+    with pytest.raises(EditError, match="the DESCRIPTION line is empty"):          # a line of blanks: no backtracking
         apply_answer("DESCRIPTION:" + " " * 150_000, "A = 1\n")
     with pytest.raises(EditError, match=r"the answer is 2,000,015 characters .* at most 200,000 characters"):
         apply_answer("DESCRIPTION: x\n" + "\n" * 2_000_000, "A = 1\n")
     many = "DESCRIPTION: x\n" + "".join(edit("", f"A{i} = 1", f"A{i} = 2").split("\n", 1)[1] for i in range(201))
     with pytest.raises(EditError, match="201 blocks; an edit may be at most 200,000 characters and 200 blocks"):
         apply_answer(many, "".join(f"A{i} = 1\n" for i in range(201)))
+
+
+def test_invisible_characters_around_the_description_are_removed_and_an_empty_one_refused():
+    from harness.edits import EMPTY_DESCRIPTION
+    from harness.ideas import split_ideas
+    body = edit("", "A = 1", "A = 2").split("\n", 1)[1]
+    for head in ("\ufeffDESCRIPTION: raise A", "\u200bDESCRIPTION: raise A", "DESC\u200dRIPTION: raise\u200b A",
+                 " \u2066DESCRIPTION:\u2069 raise A\u00ad"):
+        assert apply_answer(f"{head}\n{body}", "A = 1\n") == ("raise A", "A = 2\n")
+    # inside a block nothing is removed: train.py's own text is matched as written
+    assert apply_answer("\ufeffDESCRIPTION: z\n" + edit("", "B = '\u200b'", "B = ''").split("\n", 1)[1],
+                        "B = '\u200b'\n") == ("z", "B = ''\n")
+    for empty in ("DESCRIPTION: \u200b", "DESCRIPTION: [hw2] [budget 10s]", "\ufeffDESCRIPTION:\u200e"):
+        with pytest.raises(EditError) as e:
+            apply_answer(f"{empty}\n{body}", "A = 1\n")
+        assert str(e.value) == ("the DESCRIPTION line is empty (or holds only labels the harness writes): "
+                                + EMPTY_DESCRIPTION)
+    two = f"\ufeffDESCRIPTION: one\n{body}\nDESCRIPTION: two\n{body}"
+    assert [apply_answer(idea, "A = 1\n")[0] for idea in split_ideas(two)] == ["one", "two"]
 
 
 def test_perturbations_keep_types_and_powers_of_two():
