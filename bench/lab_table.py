@@ -158,11 +158,12 @@ def source_at(point):
     return edits.apply_answer(answer, source)[1]
 
 
-def run_one(point, seed, budget, cache=None):
-    """One plain train.py run of point at seed with this budget (seconds): the row to record."""
+def run_one(point, seed, budget, cache=None, source=None):
+    """One plain train.py run of point at seed with this budget (seconds): the row to record. source: the train.py
+    to run (its point recorded as `point`; default: this checkout's with point written)."""
     with tempfile.TemporaryDirectory(prefix="lab-run-") as tmp:
         shutil.copy(ROOT / "prepare.py", tmp)
-        Path(tmp, "train.py").write_text(source_at(point))
+        Path(tmp, "train.py").write_text(source if source is not None else source_at(point))
         env = {**os.environ, "AUTORESEARCH_SEED": str(seed), "AUTORESEARCH_TIME_BUDGET": f"{budget:g}",
                **({"AUTORESEARCH_CACHE": str(cache)} if cache else {})}
         speed = probe(env)
