@@ -21,6 +21,20 @@ def one_target(s):
                          " of this repository; pick another --tag for this target")
 
 
+def regular_records(files, folders, stores=()):
+    """The loop's records (files) are absent or regular files with one name, its folders absent or folders, and the
+    stores a library writes (an MLflow SQLite file, whose other failures are warnings) no link: a link planted at
+    any of them would take the writes (ledger.record_problem)."""
+    for path in folders:
+        problem = ledger.folder_problem(path)
+        if problem:
+            raise SetupError(ledger.record_refusal(path, problem))
+    for path in [*files, *stores]:
+        problem = ledger.record_problem(path)
+        if problem and (path in files or "link" in problem):
+            raise SetupError(ledger.record_refusal(path, problem))
+
+
 def numbered(s):
     """The tag's experiments must be numbered 0..N-1 with #0 the baseline (events.jsonl cut or edited would make a
     resume reuse numbers and take another experiment for the baseline)."""

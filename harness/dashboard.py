@@ -19,13 +19,13 @@ import json
 import math
 import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import numpy
 
 from harness import console, curves, gitops
+from harness.ledger import write_atomic
 
 PAGE = "dashboard.html"
 RELOAD_S = 30               # how often a live page reloads itself
@@ -511,24 +511,6 @@ def render(data, png=None):
             + BODY.format(img=img, metric=html.escape(data["metric"]))
             + f'<script type="application/json" id="data">{json_for_script(data)}</script>\n'
             + f"<script>{SCRIPT}</script>\n</body></html>\n")
-
-
-def write_atomic(path, content):
-    """Write content to path through a new temporary file in the same folder (a random name, created exclusively:
-    nothing planted at its name is written through) and os.replace: a reader sees the old page or the new one,
-    never half of one; a symlink at path is replaced, not followed; the temporary file is removed on any failure."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)                            # mkstemp's 0600 would hide the page from a web server
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
 
 
 def write(run, path, report, live=False, stale_s=3600.0):

@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, search, tracking,
-                     verdict)
+from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, sandbox, search,
+                     tracking, verdict)
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description
 from harness.errors import SetupError, Stop
@@ -133,13 +133,15 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, s.target_rel, run_dir, leave_out=evaluator_only_inside(s))
         spec.log.parent.mkdir(parents=True, exist_ok=True)
+        if s.speed_probe and not (frozen_dir / "prepare.py").is_file() and (device is None or device.remote is None):
+            export_frozen(s, frozen_dir)    # a device's first run: the probe before training runs from its copy
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
     curve = curves.of_log(spec.log)
     curves.save(curve, spec.log)
     with s.lock:
         if spec.log.exists():
-            shutil.copyfile(spec.log, s.target / RUN_LOG)
+            ledger.copy_record(spec.log, s.target / RUN_LOG)
         if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own
             s.curves.setdefault(sha[:7], {})[seed] = curve
         if outcome.cancel is not None:
@@ -497,6 +499,15 @@ def eval_timeout(s):
     return max(sized, s.settings.timeout or 0.0)
 
 
+def holdout_wrap(s):
+    """The holdout evaluator's sandbox, the separate evaluator's (its pristine copy, the artifact read-only; bwrap's
+    --die-with-parent: a kill -9 of the harness takes it along), on the first device's GPU; None without a sandbox."""
+    if s.eval_wrap is None:
+        return None
+    gpu = sandbox.run_gpu(s.pool.devices[0].env if s.pool else {})
+    return lambda argv, artifact: s.eval_wrap(argv, s.home / "frozen", artifact, gpu)
+
+
 def holdout_line(s):
     """The end-of-run holdout line (harness.holdout.holdout_summary), or why it was not measured. Announced first,
     with the time two evaluations took in this tag (it can take minutes, after the stop line)."""
@@ -504,7 +515,7 @@ def holdout_line(s):
     console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
                 (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
     try:
-        line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"])
+        line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"], wrap=holdout_wrap(s))
     except SetupError as e:
         line = f"holdout: not measured ({str(e).splitlines()[-1]})"
     s.log("holdout", line=line)

@@ -14,6 +14,7 @@ from pathlib import Path
 import git
 from gitdb import IStream
 
+from harness import ledger
 from harness.errors import SetupError, Stop, os_words
 
 
@@ -60,11 +61,14 @@ def global_config(repo):
     guard checks it after every run."""
     path = git_dir(repo).resolve() / "autoresearch" / "global.gitconfig"
     if path not in _global_copies:
+        problem = ledger.folder_problem(path.parent)       # a link there would take the copy (and every tag's files)
+        if problem:
+            raise SetupError(ledger.record_refusal(path.parent, problem))
         named = os.environ.get("GIT_CONFIG_GLOBAL")
         sources = [Path(named)] if named else user_configs()[:2]
         text = "".join(p.read_text(errors="replace") + "\n" for p in sources if p.is_file())
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        ledger.write_atomic(path, text)
         _global_copies[path] = text
     return path
 
@@ -96,7 +100,8 @@ def changed_files(repo):
 def ensure_ignored(repo, paths):
     """Outputs (results.tsv, events.jsonl, run.log) must be untracked and ignored (the ratchet resets train.py,
     never these). Names the repo's .gitignore does not cover go to .git/info/exclude, which is never committed."""
-    rels = [repo_rel(repo, p) for p in paths]
+    rels = [repo_rel(repo, Path(p).parent) + "/" + Path(p).name for p in paths]   # a link's own name, not its target's
+    rels = [r.removeprefix("./") for r in rels]
     tracked = [p for p in repo.git.ls_files("-z", "--", *rels).split("\0") if p]
     if tracked:
         raise SetupError(f"{', '.join(tracked)} is tracked by git; untrack it (`git rm --cached {tracked[0]}` and "

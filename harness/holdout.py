@@ -52,11 +52,11 @@ def pinned_env(all_events, tag):
     return next((e.get("env") or {} for e in all_events if e.get("tag") == tag and e.get("event") == "frozen_inputs"), {})
 
 
-def holdout_summary(home, history, metric, goal, env=None):
+def holdout_summary(home, history, metric, goal, env=None, wrap=None):
     """One line comparing the gain the search reported on its own split with the gain on the hidden holdout split:
     the baseline's and the best's saved artifacts re-scored there (target.score_holdout). history: the tag's
     "experiment" events (the baseline is its latest, ledger.baseline_of: the current hardware's); env: the variables
-    pinned at tag start (pinned_env). Raises SetupError when it cannot be
+    pinned at tag start (pinned_env); wrap: (argv, artifact) -> argv, the evaluator's sandbox. Raises SetupError when it cannot be
     measured (no artifacts, no holdout)."""
     best, first = [e for e in history if e["status"] == "keep"][-1], baseline_of(history)   # this hardware's
     found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (first, best)]
@@ -64,7 +64,7 @@ def holdout_summary(home, history, metric, goal, env=None):
         raise SetupError(f"no saved model artifact of experiment #{first['n'] if found[0] is None else best['n']} "
                          f"in {Path(home) / 'artifacts'} (runs before artifacts were kept, or a target without a "
                          "separate evaluation)")
-    base, top = (score_holdout(Path(home) / "frozen", path, metric, env=env) for path in found)
+    base, top = (score_holdout(Path(home) / "frozen", path, metric, env=env, wrap=wrap) for path in found)
     sign = 1 if goal == "min" else -1
     return (f"holdout      baseline {base:.6f}, best #{best['n']} {top:.6f}: gain {sign * (base - top):+.6f} on the "
             f"holdout the search never saw, {sign * (first['metric'] - best['metric']):+.6f} reported on "

@@ -26,9 +26,12 @@ reachable under refs/autoresearch/<tag>/), and no row is ever duplicated or lost
 import collections
 import dataclasses
 import datetime
+import errno
 import json
 import os
 import re
+import stat
+import tempfile
 from pathlib import Path
 
 from harness.errors import Stop
@@ -106,9 +109,98 @@ def note_text(event, metric):
     return f"{line}\nmlflow run {event['mlflow_run']}" if event.get("mlflow_run") else line
 
 
+def record_problem(path):
+    """Why path cannot hold one of the loop's records (results.tsv, events.jsonl, run.log, the page, a store), or
+    None: absent, or a regular file with one name. A symbolic link, a hard link or a special file planted there would
+    send the harness's lines into another file (/etc/passwd, the user's train.py, a device)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):     # nothing there (a file where a folder should be: no link)
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"is a symbolic link (to {os.readlink(path)})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink > 1:
+        return f"is one of {st.st_nlink} names of one file (a hard link)"
+    return None
+
+
+def folder_problem(path):
+    """Why path cannot be one of the loop's folders (the tag's, its logs), or None: absent, or a folder (not a link)."""
+    path = Path(path)
+    if path.is_symlink():
+        return f"is a symbolic link (to {os.readlink(path)})"
+    if path.exists() and not path.is_dir():
+        return "is not a folder"
+    return None
+
+
+def record_refusal(path, problem):
+    """The words for a record at path that cannot be written: the problem, that nothing was written, the fix."""
+    return (f"{path} {problem}: the loop writes its records only into a regular file of its own, never through a "
+            f"link, and wrote nothing there. Remove it (`rm {path}` removes the link, not the file it names; move a "
+            f"folder or device aside), then rerun the same command")
+
+
+class RecordError(Stop):
+    """A record's path is a link or not a regular file (record_problem): the loop stops, nothing written to it."""
+
+
+MODES = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "w": os.O_WRONLY | os.O_CREAT, "wb": os.O_WRONLY | os.O_CREAT,
+         "r+b": os.O_RDWR}
+
+
+def open_record(path, mode="a"):
+    """Open one of the loop's records for writing ("a": append, "w"/"wb": replace its content, "r+b": in place),
+    never through a symbolic link (O_NOFOLLOW) and only into a regular file with one name (checked on the open file,
+    before anything is truncated or written; O_NONBLOCK so that a FIFO cannot hang the loop). Raises RecordError
+    naming the path and the fix; other OSErrors (disk full, permissions) as they are."""
+    try:
+        fd = os.open(path, MODES[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):     # a link; a FIFO with no reader; a folder
+            raise RecordError(record_refusal(path, record_problem(path) or "is not a regular file")) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        raise RecordError(record_refusal(path, record_problem(path) or "is not a regular file"))
+    os.set_blocking(fd, True)
+    if mode in ("w", "wb"):
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8")
+
+
+def write_atomic(path, content):
+    """Write text to path through a new temporary file in the same folder (a random name, created exclusively: nothing
+    planted at its name is written through) and os.replace: a reader sees the old file or the new one, never half
+    of one; a link at path is replaced, not followed; the temporary file is removed on any failure. Returns path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                            # mkstemp's 0600 would hide a page from a web server
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def copy_record(source, path):
+    """Copy the file source to the record at path (run.log: the last run's log) through open_record."""
+    with open(source, "rb") as src, open_record(path, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+
+
 def append_line(path, line):
-    """Append one line and fsync: a row or event is on disk before the next step starts."""
-    with open(path, "a", encoding="utf-8") as f:
+    """Append one line and fsync: a row or event is on disk before the next step starts. Raises RecordError when
+    path is a link or not a regular file (open_record): nothing is appended anywhere else."""
+    with open_record(path, "a") as f:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -155,7 +247,7 @@ def repair_last_line(path, complete):
     if complete(data[cut:]):
         append_line(path, "")
         return ""
-    with open(path, "r+b") as f:
+    with open_record(path, "r+b") as f:
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
@@ -277,7 +369,7 @@ def keep_one_tag(results_path, all_events, tag, metric):
         moved[results_path] = len(back)
     if moved:
         staged = results_path.with_name(results_path.name + ".new")
-        with open(staged, "w", encoding="utf-8") as f:
+        with open_record(staged, "w") as f:
             f.write("".join(line + "\n" for line in [results_header(metric), *back, *mine]))
             f.flush()
             os.fsync(f.fileno())

@@ -341,6 +341,7 @@ class Search:
     pending: list = dataclasses.field(default_factory=list)    # [(written values, optuna Trial)]
     gone: set = dataclasses.field(default_factory=set)
     asked: dict = dataclasses.field(default_factory=dict)       # experiment n -> the Trial last asked for it
+    in_memory: bool = False                                     # study.db failed: a study in memory for this run
 
 
 def of(s):
@@ -371,6 +372,8 @@ def open_study(s):
         except SpaceChanged as e:
             problem = str(e)
         except Exception as e:  # noqa: BLE001  (sqlite, alembic or a torn file: whatever it is, rebuild)
+            if "database is locked" in root_words(e):   # another process holds it: nothing wrong with the file
+                return in_memory(s, e)
             problem = f"cannot be read ({type(e).__name__}: {str(e)[:200]})"
         if problem:
             say(s, f"the search's study {path} {problem}: rebuilt from {len(s.history)} experiments in events.jsonl")
@@ -381,15 +384,38 @@ def open_study(s):
             search.study = load(s, path)
         catch_up(s)
     except Exception as e:  # noqa: BLE001
-        say(s, f"the search's study cannot be used ({type(e).__name__}: {str(e)[:200]}); the experiments are "
-               "recorded as always, the study is rebuilt from them on the next start")
-        search.study = None
+        in_memory(s, e)
+
+
+def root_words(e):
+    """The innermost cause of an exception (Optuna's StorageInternalError wraps SQLAlchemy's, which wraps sqlite3's)
+    as "Type: its first line"."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+
+def in_memory(s, e):
+    """The study on disk failed (locked by another process past STUDY_LOCK_WAIT_S, a full disk, a broken file):
+    said once as a warning, and this invocation goes on with a study in memory rebuilt from the recorded
+    experiments (the file catches up at the next start). Raises what the in-memory study raises (a bug)."""
+    search = s.search
+    say(s, f"the search's study {s.home / STUDY_DB} cannot be used ({root_words(e)}); this run goes on with a study in memory rebuilt from the {len(s.history)} recorded experiments, and "
+           "the file catches up at the next start")
+    search.study, search.pending, search.asked, search.in_memory = None, [], {}, True
+    search.study = load(s, None)
+    catch_up(s)
+
+
+STUDY_LOCK_WAIT_S = 30.0     # how long a study operation waits for a lock another process holds on study.db
 
 
 def load(s, path):
-    """The tag's Optuna study on SQLite at path (created when missing), its space stored as a study attribute."""
+    """The tag's Optuna study on SQLite at path (created when missing; None: in memory), its space stored as a study
+    attribute."""
     import optuna
-    storage = optuna.storages.RDBStorage(f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 30}})
+    storage = None if path is None else optuna.storages.RDBStorage(
+        f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": STUDY_LOCK_WAIT_S}})
     study = optuna.create_study(storage=storage, study_name=s.settings.tag, load_if_exists=True,
                                 direction="minimize" if s.goal == "min" else "maximize")
     space = {name: dataclasses.asdict(p) for name, p in s.search.space.items()}
@@ -473,6 +499,21 @@ def suggest(s, name, source, n, attempt=0):
     if search.study is None:
         raise Stop(f"--proposer {name} cannot go on: the search's study could not be used (the warning above says "
                    "why); rerun the same command to rebuild it from events.jsonl")
+    try:
+        return ask(s, name, source, n, attempt)
+    except Stop:
+        raise
+    except Exception as e:  # noqa: BLE001  (the study on disk: locked, full, broken; in memory it is a bug)
+        if search.in_memory:
+            raise
+        in_memory(s, e)
+        return ask(s, name, source, n, attempt)
+
+
+def ask(s, name, source, n, attempt):
+    """suggest's work on the study as it is (its errors raised)."""
+    import optuna
+    search = s.search
     if attempt and (old := search.asked.pop(n, None)) is not None:
         search.pending = [(w, t) for w, t in search.pending if t is not old]
         search.study.tell(old, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -570,9 +611,11 @@ def tell(s, event):
         elif (trial := trial_of(s, event, values)) is not None:
             search.study.add_trial(trial)
     except Exception as e:  # noqa: BLE001  (the experiment is recorded; the study is a cache of the events)
-        say(s, f"the search's study could not be told of #{event['n']} ({type(e).__name__}: {str(e)[:200]}); it "
-               "is rebuilt from events.jsonl on the next start")
-        search.study = None
+        if search.in_memory:
+            raise
+        in_memory(s, e)
+        if not any(done["n"] == event["n"] for done in s.history):
+            search.study.add_trials([t for t in [trial_of(s, event)] if t is not None])
 
 
 def state_words(s, metric, limit=12):

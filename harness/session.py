@@ -31,6 +31,7 @@ from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
 from harness.holdout import pinned_env
 from harness.proposers import Spend
+from harness.search import STUDY_DB
 from harness.settings import Settings
 from harness.target import (FROZEN, check_target, default_timeout, effective_budget, own_budget, read_frozen_constants,
                              run_prepare)
@@ -275,6 +276,8 @@ def open_session(settings, profile=None):
     all_events = ledger.read_events(target / ledger.EVENTS)   # a line cut mid-write is skipped (cut after the checks)
     state = ledger.tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state, profile)
+    mlflow = tracking.sqlite_path(settings.mlflow) if settings.mlflow else None
+    checks.regular_records(records(s), [s.home.parent, s.home, s.home / "logs"], [mlflow] if mlflow else [])
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
@@ -295,6 +298,14 @@ def open_session(settings, profile=None):
     measured_runs(s, all_events)
     s.tracking = tracking.start(s)
     return s, constants
+
+
+def records(s):
+    """Every file the loop writes its records into: results.tsv (and its staged copy, other tags' archives),
+    events.jsonl, run.log, the dashboard, the study."""
+    target = s.target
+    return [target / name for name in (ledger.RESULTS, ledger.RESULTS + ".new", ledger.EVENTS, RUN_LOG,
+                                       dashboard.PAGE)] + sorted(target.glob("results.*.tsv")) + [s.home / STUDY_DB]
 
 
 def new_session(settings, target, constants, state, profile=None):

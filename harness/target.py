@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import console
+from harness import console, runner
 from harness.errors import SetupError, Stop
 from harness.redact import clean_env
 
@@ -118,12 +118,15 @@ def profile_of(ready):
     return (re.findall(r"^profile:\s*(\S+)\s*$", ready, re.M) or [None])[-1]
 
 
-def run_prepare(target, *flags, timeout, env=None):
-    """Run `python prepare.py <flags>` in the target dir (secrets removed from its environment, `env` added) and
-    return its stdout; SetupError with its own message if it exits nonzero or outlasts timeout seconds."""
+def run_prepare(target, *flags, timeout, env=None, wrap=None):
+    """Run `python prepare.py <flags>` in the target dir (secrets removed from its environment, `env` added; through
+    wrap, argv -> argv, e.g. the evaluator's sandbox) and return its stdout; SetupError with its own message if it
+    exits nonzero or outlasts timeout seconds."""
     shown = " ".join(flags)
+    argv = ([sys.executable, "prepare.py", *flags] if wrap is None else
+            wrap([runner.interpreter(), str(Path(target) / "prepare.py"), *flags]))
     try:
-        p = subprocess.run([sys.executable, "prepare.py", *flags], cwd=target, env={**clean_env(), **(env or {})},
+        p = subprocess.run(argv, cwd=target, env={**clean_env(), **(env or {})},
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SetupError(f"prepare.py {shown} did not finish within {timeout:.0f}s") from None
@@ -133,11 +136,13 @@ def run_prepare(target, *flags, timeout, env=None):
     return p.stdout
 
 
-def score_holdout(frozen_dir, artifact, metric, timeout=3600, env=None):
+def score_holdout(frozen_dir, artifact, metric, timeout=3600, env=None, wrap=None):
     """The metric of a saved model artifact on the hidden holdout split, which the search never saw: the pristine
-    prepare.py in frozen_dir runs `--evaluate ARTIFACT --split holdout` in a fresh process. Returns a float;
+    prepare.py in frozen_dir runs `--evaluate ARTIFACT --split holdout` in a fresh process (through wrap(argv,
+    artifact) -> argv when given: the evaluator's sandbox, which also dies with the harness). Returns a float;
     SetupError with prepare.py's message when it cannot (no holdout in the prepared data, a target without one)."""
-    out = run_prepare(frozen_dir, "--evaluate", str(artifact), "--split", "holdout", timeout=timeout, env=env)
+    out = run_prepare(frozen_dir, "--evaluate", str(artifact), "--split", "holdout", timeout=timeout, env=env,
+                      wrap=wrap and (lambda argv: wrap(argv, artifact)))
     found = [line.split(":", 1)[1] for line in out.splitlines() if line.startswith(f"{metric}:")]
     if not found or "split: holdout" not in " ".join(out.split()):
         raise SetupError(f"prepare.py --evaluate --split holdout printed no holdout {metric}: {out[-500:]!r}")

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 METRIC_NAME = "{metric}"
@@ -68,7 +69,10 @@ if __name__ == "__main__":
         value = score(model['LR'], model['DEPTH'], model.get('memorized')) + model.get('offset', 0)
         print(f"{metric}: {{value + (0.02 if holdout else 0.0):.6f}}")   # the holdout: 0.02 worse, the same gains
         if holdout:
-            print("split: holdout")
+            print("split: holdout", flush=True)
+            pause = Path(__file__).parent / "holdout_sleep"     # a committed file makes the holdout slow
+            if pause.exists():
+                time.sleep(float(pause.read_text()))
         print(f"frozen_inputs: {{frozen_inputs()['digest']}}")
     else:                                  # prepare: --source PATH must exist
         if "--source" in sys.argv and not Path(sys.argv[sys.argv.index("--source") + 1]).exists():

@@ -39,7 +39,7 @@ def test_control_characters_never_reach_git_results_or_the_terminal(target, caps
     assert git.Repo(target).commit(e["full_commit"]).summary == "lower LR ]0;pwned now"
     out = capsys.readouterr().out
     assert "\x00" not in out and "\x07" not in out and "\x1b]" not in out and "\x9b" not in out
-    assert clean_description("a\tb\r\nc\u200bd\x7fe") == "a b c d e"   # zero-width space and DEL too
+    assert clean_description("a\tb\r\nc\u200bd\x7fe") == "a b cd e"    # DEL too; a zero-width space is removed
 
 
 SECRETS = {"HF_TOKEN": "hf_abcdefghijklmnopqrst", "WANDB_API_TOKEN": "wandb-0123456789abcdef",
@@ -711,3 +711,114 @@ def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, m
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
     [torn] = events(target, "torn_line")
     assert torn["fragment"] == '{"event": "experiment", "n": 2, "half' and len(rows(target)) == 2
+
+
+def test_a_record_is_written_only_into_a_regular_file_of_its_own(tmp_path):
+    """ledger's writes refuse a symbolic link, a hard link, a FIFO (without hanging) and a folder, naming the path
+    and the fix, and leave what they point to as it was; a regular file is appended to, replaced, copied into."""
+    outside = tmp_path / "passwd"
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    link, hard, fifo, folder, plain = (tmp_path / name for name in ("link", "hard", "fifo", "folder", "plain"))
+    link.symlink_to(outside)
+    os.link(outside, hard)
+    os.mkfifo(fifo)
+    folder.mkdir()
+    for path, problem in ((link, f"is a symbolic link (to {outside})"), (hard, "is one of 2 names of one file"),
+                          (fifo, "is not a regular file"), (folder, "is not a regular file")):
+        with pytest.raises(ledger.RecordError) as e:
+            ledger.append_line(path, "row")
+        assert str(e.value).startswith(f"{path} {problem}") and f"`rm {path}`" in str(e.value)
+        assert ledger.record_problem(path).startswith(problem)
+        with pytest.raises(ledger.RecordError):
+            ledger.copy_record(outside, path)
+    with pytest.raises(ledger.RecordError):
+        with ledger.open_record(link, "w"):
+            pass
+    assert outside.read_text() == "root:x:0:0:root:/root:/bin/bash\n" and link.is_symlink()
+    ledger.append_line(plain, "a")
+    ledger.append_line(plain, "b")
+    assert plain.read_text() == "a\nb\n" and ledger.record_problem(plain) is None
+    ledger.copy_record(outside, plain)
+    assert plain.read_text() == outside.read_text()
+
+
+@pytest.mark.parametrize("name", ["results.tsv", "events.jsonl", "run.log", "dashboard.html", "results.other.tsv",
+                                  ".git/autoresearch/t/study.db", ".git/autoresearch/t", ".git/autoresearch"])
+def test_a_link_at_a_record_or_the_tags_folder_is_refused_at_start(target, tmp_path, capsys, name):
+    """A link planted at any record, store or the tag's folder before the loop starts: exit 2 naming it and the fix,
+    nothing written through it, no branch created (and no traceback from the check that outputs are ignored)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    path = target / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(outside if name.startswith(".git/autoresearch/t") and not name.endswith(".db")
+                    or name == ".git/autoresearch" else outside / "passwd")
+    assert agent_main(target, "--proposer", "random") == 2
+    err = capsys.readouterr().err
+    assert f"{path} is a symbolic link" in err and f"`rm {path}`" in err and "Traceback" not in err
+    assert [p.name for p in outside.iterdir()] == ["passwd"]
+    assert (outside / "passwd").read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert "autoresearch/t" not in [h.name for h in git.Repo(target).heads]
+
+
+@pytest.mark.parametrize("name", ["results.tsv", "events.jsonl", "run.log"])
+def test_a_record_replaced_by_a_link_while_the_loop_runs_stops_it_and_nothing_is_written_through(target, tmp_path,
+                                                                                                   name):
+    """results.tsv, events.jsonl or run.log swapped for a link (to a copy of itself, or to the user's notes) while #1
+    trains: the next write stops the loop with the reason, the file behind the link is unchanged; with the file put
+    back the tag resumes and no row is lost or doubled."""
+    slow_win = edit("raise LR slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
+                    "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
+    path, notes = target / name, tmp_path / "notes.txt"
+    with ScriptedLLM([slow_win]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1")
+        wait_for_run(target, 1, proc)
+        saved = path.read_bytes()
+        notes.write_bytes(saved)
+        path.unlink()
+        path.symlink_to(notes)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert f"{path} is a symbolic link (to {notes})" in err and notes.read_bytes() == saved
+    path.unlink()
+    path.write_bytes(saved)
+    with ScriptedLLM([slow_win]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1]
+    assert [r.split("\t")[0] for r in rows(target)] == [e["commit"] for e in events(target, "experiment")]
+
+
+def holdout_evaluators(target):
+    """Pids of live processes scoring this target's holdout (`prepare.py --evaluate ARTIFACT --split holdout`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"holdout" in argv and b"--evaluate" in argv and str(target).encode() in argv[argv.index(b"--evaluate") + 1]:
+            found.append(int(proc.name))
+    return found
+
+
+def test_kill_9_during_the_holdout_leaves_no_evaluator_behind(target):
+    """kill -9 of agent.py while it re-scores the holdout at its stop: the holdout evaluator runs in the separate
+    evaluator's sandbox (bwrap --die-with-parent), so it dies with the harness instead of running on."""
+    (target / "holdout_sleep").write_text("60")
+    repo = git.Repo(target)
+    repo.git.add("holdout_sleep")
+    repo.git.commit("-qm", "a slow holdout")
+    with ScriptedLLM([RAISE_LR]) as llm:
+        proc = start_agent(target, llm, "--max-experiments", "1", "--sandbox", "bwrap")
+        deadline = time.monotonic() + 90
+        while not holdout_evaluators(target):
+            assert proc.poll() is None, f"agent.py exited {proc.returncode}: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no holdout evaluator started"
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while holdout_evaluators(target) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert holdout_evaluators(target) == []

@@ -136,6 +136,10 @@ def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(tar
     rerun = next(e for e in exps[3:] if e.get("rebased_from") == 2)
     assert rerun["status"] == "keep" and rerun["metric"] == 1.056 and rerun["description"] == "DEPTH 6"
     assert parent(target, rerun["full_commit"]) == first["full_commit"]
+    # every run was probed, the first on each device too (its evaluator copy is made before the probe)
+    ends = events(target, "run_end")
+    assert {e["device"] for e in ends} == {"cpu:0", "cpu:1"}, {e["device"] for e in ends}
+    assert all(e["probe_s"] == 0.01 and e["probe_problem"] is None for e in ends), ends
     # the two runs of the wave overlapped in time, one on each device
     runs = {e["n"]: e for e in events(target, "run")}
     ends = {e["n"]: e for e in events(target, "run_end")}

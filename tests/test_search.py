@@ -404,3 +404,55 @@ def test_hybrid_flags_belong_to_hybrid(target, capsys):
     with pytest.raises(SystemExit) as e:
         agent.main(["--tag", "t", "--target", str(target), "--proposer", "tpe", "--sampler", "cmaes", "--stall", "3"])
     assert e.value.code == 2 and "--sampler, --stall: only --proposer hybrid has them" in capsys.readouterr().err
+
+
+LOCK = """import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_study_locked_by_another_process_is_a_warning_and_the_loop_goes_on(target, monkeypatch, capsys):
+    """study.db held under an exclusive lock by another process, from the start and from mid-run (after #1's
+    point was asked): each time one warning naming the file and the lock, then the loop goes on with a study in memory
+    rebuilt from the events; every experiment is recorded, no traceback; the next start catches the file up."""
+    monkeypatch.setattr(search, "STUDY_LOCK_WAIT_S", 0.2)
+    db = target / ".git" / "autoresearch" / "t" / search.STUDY_DB
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "1", "--no-holdout") == 0
+    capsys.readouterr()
+    locker = subprocess.Popen([sys.executable, "-c", LOCK, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline() == "locked\n"
+        assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "3",
+                         "--no-holdout") == 0
+    finally:
+        locker.kill()
+        locker.wait()
+    captured = capsys.readouterr()
+    assert f"search: the search's study {db} cannot be used (OperationalError: database is locked); this run goes " \
+           "on with a study in memory rebuilt from the 2 recorded experiments" in captured.out
+    assert "Traceback" not in captured.out + captured.err and not list(db.parent.glob("study.db.bad-*"))
+    assert [e["n"] for e in events(target, "experiment")] == [0, 1, 2, 3]
+    real_tell = optuna.study.Study.tell
+    calls = []
+
+    def locked_tell(self, *args, **kwargs):         # mid-run: the lock taken between a point's ask and its tell
+        calls.append(1)
+        if len(calls) == 1:
+            import sqlite3
+            import sqlalchemy.exc
+            cause = sqlite3.OperationalError("database is locked")
+            raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, cause) from cause
+        return real_tell(self, *args, **kwargs)
+    monkeypatch.setattr(optuna.study.Study, "tell", locked_tell)
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "5", "--no-holdout") == 0
+    out = capsys.readouterr().out
+    # told of #4 (recorded: 5 experiments), the study fails; #5 is asked from the one in memory
+    assert "cannot be used (OperationalError: database is locked); this run goes on with a study in memory rebuilt " \
+           "from the 5 recorded experiments" in out and "Traceback" not in out
+    assert [e["n"] for e in events(target, "experiment")] == list(range(6))
+    monkeypatch.setattr(optuna.study.Study, "tell", real_tell)
+    assert run_agent(target, None, "anthropic", "--proposer", "tpe", "--max-experiments", "6", "--no-holdout") == 0
+    assert set(assert_study_matches(target)) == set(range(7))   # the file caught up at the next start
