@@ -63,6 +63,15 @@ class TableError(Exception):
     """The table cannot be used as asked (its provenance differs, its file is unreadable): the message says why."""
 
 
+def refused(body, prog):
+    """body() -> exit code, or exit code 2 with `prog: error: <why>` on stderr when a table is refused (TableError)."""
+    try:
+        return body()
+    except TableError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
 def sha(path):
     """sha256 of a file's bytes, hex."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -263,17 +272,16 @@ def main(argv=None):
     p.add_argument("--cache", help="AUTORESEARCH_CACHE holding the lab profile's data (default: the environment's)")
     p.add_argument("--summary", action="store_true", help="only print what the table holds")
     a = p.parse_args(argv)
-    try:
+
+    def body():
         if a.summary:
             summary(a.out)
             return 0
         for name in a.design or DESIGNS:
             seeds = max(a.seeds, 8) if name in ("base", "slow") and a.design is None else a.seeds
             collect(a.out, [name], seeds, a.draws, a.limit_minutes * 60, a.cache)
-    except TableError as e:
-        print(f"lab_table.py: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+    return refused(body, "lab_table.py")
 
 
 if __name__ == "__main__":
