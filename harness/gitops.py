@@ -9,7 +9,7 @@ import fcntl
 import hashlib
 import io
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import git
 from gitdb import IStream
@@ -100,8 +100,7 @@ def changed_files(repo):
 def ensure_ignored(repo, paths):
     """Outputs (results.tsv, events.jsonl, run.log) must be untracked and ignored (the ratchet resets train.py,
     never these). Names the repo's .gitignore does not cover go to .git/info/exclude, which is never committed."""
-    rels = [repo_rel(repo, Path(p).parent) + "/" + Path(p).name for p in paths]   # a link's own name, not its target's
-    rels = [r.removeprefix("./") for r in rels]
+    rels = [(PurePosixPath(repo_rel(repo, Path(p).parent)) / Path(p).name).as_posix() for p in paths]  # a link's own name
     tracked = [p for p in repo.git.ls_files("-z", "--", *rels).split("\0") if p]
     if tracked:
         raise SetupError(f"{', '.join(tracked)} is tracked by git; untrack it (`git rm --cached {tracked[0]}` and "
