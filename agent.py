@@ -205,14 +205,14 @@ def research_main(s, proposer, constants, devices):
         s.log("warning", reason=warning)
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
-        run_prepare(target, "--preflight", timeout=s.timeout)
+        run_prepare(target, "--preflight", timeout=experiment.run_timeout(s).seconds())
     s.log("config", proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
           budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
           speculate=not a.no_speculate, ray=a.ray, verdict=s.rule.name, confirm=s.rule.confirm, margin=s.rule.margin_flag)
     console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
-                f"{s.timeout:g}s, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
+                f"{experiment.run_timeout(s).words()}, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
     s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
     loop = Loop(s.pool, ideas.Backlog(proposer, system), s.next_n + s.baseline_due, lookahead=int(not a.no_speculate))
     loop.backlog.ideas.extend(ideas.unfinished(s) if s.history else [])   # what a stop left unmeasured runs first

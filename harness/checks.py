@@ -50,9 +50,12 @@ def numbered(s):
 def readable(s):
     """Every recorded experiment's commit, the trees down to the target and its train.py and frozen files must still
     be readable from git, each object's content matching its hash (a disk fault or a killed `git gc` can damage
-    objects): the resume compares new ideas with them, builds on the best and exports them. Stops at the first
-    damaged one (git's reader may be off track after it). Fills s.blobs and s.prints (the duplicate checks' caches)."""
-    content = {}                        # binsha -> verified bytes: an object shared by experiments is read once
+    objects): the resume compares new ideas with them, builds on the best and exports them. A kept one (the best and
+    what it was built on, the frozen files they share) stops the start, named; a discarded or crashed one is only
+    compared with new ideas: it is left out of the comparisons (s.unreadable) and the start goes on. Fills s.blobs
+    and s.prints (the duplicate checks' caches). Returns {n: what git said} of the unreadable ones, for the caller to
+    record once the start is accepted."""
+    content, unreadable = {}, {}        # content: binsha -> verified bytes (an object shared is read once)
 
     def check(obj):
         if obj.binsha not in content:
@@ -71,11 +74,22 @@ def readable(s):
                     s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
             said = " ".join(str(err).split())[:160]
-            raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
-                             f"({e['commit']}: {said}) of tag {s.settings.tag!r}: objects in "
-                             f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
-                             "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
-                             f"{ledger.RESULTS} and {ledger.EVENTS} are as they were") from None
+        else:
+            continue
+        # git's reader may be off track after a damaged object: a fresh one, once the exception (and the half-read
+        # stream its frames hold) is gone
+        s.repo.git.clear_cache()
+        if e.get("status") != "keep":
+            unreadable[e["n"]] = said
+            s.prints.pop(e["n"], None), s.blobs.pop(e["n"], None)
+            continue
+        raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
+                         f"({e['commit']}: {said}) of tag {s.settings.tag!r}: objects in "
+                         f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
+                         "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
+                         f"{ledger.RESULTS} and {ledger.EVENTS} are as they were")
+    s.unreadable = set(unreadable)
+    return unreadable
 
 
 def one_budget(s):

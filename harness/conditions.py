@@ -19,6 +19,8 @@ SLACK_SHARE = 0.005         # ... plus this share of the budget (the last step o
 SLACK_S = 2.0               # ... plus these seconds (process start, export; a further run over the allowance runs
 #                             again: harness.verdict): docs/trust.md tabulates the slack this leaves
 LEGACY = (1.5, 0.02, 5.0)   # a smoke budget: 1.5 x overhead + 2 % of the budget + 5 s (the allowance before probes)
+TIMEOUT_TIMES = 2.0         # once the baseline is measured, a run is killed at this many times its allowance (at least
+#                             target.default_timeout): a limit for hung runs, never one that an honest run meets
 
 
 class Probe:
@@ -113,6 +115,11 @@ class Allowance:
             return self.budget + scale * overhead + share * self.budget + fixed
         return self.budget + overhead * (1 + OVERHEAD_SHARE) + SLACK_SHARE * self.budget + SLACK_S
 
+    def need(self, probe_s=None):
+        """Seconds of train.py wall time the baseline's own run would take at probe_s: the budget plus its overhead
+        scaled like seconds(), without the slack. A timeout shorter than this kills the baseline itself."""
+        return self.budget + self.overhead * start_up_scale(probe_s, self.base_probe) * self.workers
+
     def scaled_words(self, probe_s):
         """How the allowance was scaled, for an overtime rejection: ", the speed probe 1.80x the baseline's: start-up
         allowed 36s" ("" without a probe)."""
@@ -126,8 +133,7 @@ class Allowance:
         """Seconds a candidate can spend outside the budget without being rejected, under the baseline's conditions
         (probe_s None: the baseline's own): the allowance minus the budget and the overhead it measured."""
         probe_s = probe_s or self.base_probe
-        return self.seconds(probe_s) - self.budget - self.overhead * start_up_scale(probe_s, self.base_probe) * \
-            self.workers
+        return self.seconds(probe_s) - self.need(probe_s)
 
     def words(self):
         """The allowance in a line, for the baseline's output and `try`."""
@@ -140,3 +146,43 @@ class Allowance:
             line += ("; at this smoke budget edits that move work to start-up or past the budget are not comparable "
                      "(start-up dominates, and its rows are labelled; the allowance is the lenient one)")
         return line
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeout:
+    """The hard limit on a training run's wall time, the tag's like its budget: `given` (--timeout, or the one the
+    tag's baseline recorded) as is; else, before the baseline is measured (allowance None), `floor`
+    (target.default_timeout); after it, TIMEOUT_TIMES x the wall-time allowance at the run's speed probe, at least
+    `floor`, so that a machine whose start-up outlasts the budget gets a limit its honest runs fit in. A run killed
+    by a limit shorter than the baseline's own need at that speed (short) is not judged, like an overtime."""
+    floor: float
+    given: float | None = None
+    allowance: Allowance | None = None
+
+    def seconds(self, probe_s=None):
+        """Seconds a run whose speed probe (before it) took probe_s may take before its process group is killed."""
+        if self.given:
+            return self.given
+        if self.allowance is None:
+            return self.floor
+        return max(self.floor, TIMEOUT_TIMES * self.allowance.seconds(probe_s))
+
+    def short(self, probe_s=None):
+        """Whether seconds(probe_s) is shorter than the baseline's own run would take at probe_s (Allowance.need):
+        a run it kills says nothing of its train.py. False before the baseline."""
+        return self.allowance is not None and self.seconds(probe_s) < self.allowance.need(probe_s)
+
+    def words(self):
+        """The limit in a few words, for the loop's first line: "600s (given)", "180s until the baseline is measured,
+        then 2 x the wall-time allowance", "180s (2 x the wall-time allowance, at least 180s)"."""
+        if self.given:
+            return f"{self.given:g}s (given)"
+        if self.allowance is None:
+            return f"{self.floor:g}s until the baseline is measured, then {TIMEOUT_TIMES:g} x the wall-time allowance"
+        return f"{self.seconds():.0f}s ({TIMEOUT_TIMES:g} x the wall-time allowance, at least {self.floor:g}s)"
+
+    def short_words(self, probe_s=None):
+        """Why a run killed at a short limit is not judged, and the flag that fixes it."""
+        return (f"not judged: killed at the {self.seconds(probe_s):.0f}s timeout, shorter than the "
+                f"{self.allowance.need(probe_s):.0f}s the baseline's own run takes on this machine now; give "
+                f"--timeout {math.ceil(TIMEOUT_TIMES * self.allowance.seconds(probe_s))} or more")

@@ -529,14 +529,14 @@ def write(run, path, report, live=False, stale_s=3600.0):
     return write_atomic(path, render(data, buf.getvalue() if buf else None))
 
 
-def refresh(s, live=True):
+def refresh(s, live=True, timeout_s=1800.0):
     """The loop's rewrite of <target>/dashboard.html after a verdict (live: the page reloads itself until it is
-    older than twice the run's timeout plus ten minutes) and at its stop (live=False). A failure is one warning:
+    older than twice timeout_s, a run's hard limit, plus ten minutes) and at its stop (live=False). A failure is one warning:
     the page is a view, never a reason to lose an experiment."""
     try:
         import report                   # the repository's report.py: the figures the page shows (lazy: matplotlib)
         run = report.load_run(s.target / "results.tsv", tag=s.settings.tag)
-        write(run, s.target / PAGE, report, live=live, stale_s=2 * s.timeout + 600)
+        write(run, s.target / PAGE, report, live=live, stale_s=2 * timeout_s + 600)
     except Exception as e:  # noqa: BLE001  (a view: any failure is a warning)
         if not getattr(s, "dashboard_warned", False):
             s.dashboard_warned = True

@@ -8,6 +8,7 @@ proposes (harness.ideas) and never decides the rule (harness.verdict).
 
 import dataclasses
 import hashlib
+import math
 import secrets
 import shutil
 import statistics
@@ -22,10 +23,10 @@ from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.proposers import Spend
 from harness.redact import redact
-from harness.runner import EVAL_TIMEOUT, Kind
+from harness.runner import EVAL_TIMEOUT, Kind, timeout_s
 from harness.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked
 from harness.settings import THREADS
-from harness.target import run_prepare
+from harness.target import default_timeout, run_prepare
 
 
 @locked
@@ -40,6 +41,7 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None, same=False):
           message=message)
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
+    gitops.set_aside_damaged(s.repo, source.encode())     # an unreadable discard's train.py proposed again
     body = f"{message}\n\nautoresearch: tag {s.settings.tag}, experiment {n}"
     sha = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None, allow_empty=same)
     if (s.repo.commit(sha).tree / s.train_rel).hexsha != git_blob_sha(source.encode()):
@@ -86,7 +88,8 @@ class RunWatch(Watch):
     def started(self, pgid):
         s, spec = self.s, self.spec
         s.log("run", n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
-              timeout_s=spec.timeout, cwd=str(spec.run_dir), device=spec.device.name if spec.device else None,
+              timeout_s=timeout_s(spec.timeout), cwd=str(spec.run_dir),
+              device=spec.device.name if spec.device else None,
               sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off", best=self.best or None)
 
     def tick(self, elapsed):
@@ -126,7 +129,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             export_frozen(s, frozen_dir)
 
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, s.metric,
-                s.timeout, s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
+                run_timeout(s), s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
                 s.evaluation and {**s.evaluation, "timeout": eval_timeout(s)}, fresh_frozen, device, s.speed_probe,
                 cancel_watcher(s, n, run, sha, base))
     with s.lock:
@@ -167,7 +170,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
               log=str(spec.log), log_tail=outcome.log_tail if outcome.metric is None else "",
               device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
               probe_problem=outcome.probe_problem or None, best=best or None,
-              hardware_mismatch=outcome.hardware_mismatch)
+              hardware_mismatch=outcome.hardware_mismatch, timeout_s=outcome.timeout_s)
     return outcome
 
 
@@ -349,7 +352,7 @@ def record(s, result):
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
     tracking.finish(s, run, event, r, log_path(s, r.n, r.fixes))
-    dashboard.refresh(s, live=s.settings.command == "loop")     # the page reloads itself while the loop runs
+    dashboard.refresh(s, live=s.settings.command == "loop", timeout_s=run_timeout(s).seconds())     # the page reloads itself while the loop runs
     return event
 
 
@@ -417,11 +420,12 @@ def record_baseline(s, outcomes, t0, spend0):
             raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
                        f"data (docs/parallel.md), then rerun the same command. Last lines of {RUN_LOG}:\n"
                        f"{outcome.log_tail}")
-        if outcome.reason.startswith(EVAL_TIMEOUT):    # the pristine evaluator: the machine, not train.py
-            raise Stop(f"the baseline's separate evaluation ran out of time ({outcome.reason}): this machine is too "
-                       f"slow or too busy for this profile's evaluation, which is not train.py's fault. Quiet the "
-                       f"machine, give it more time (--timeout SECONDS raises the limit), or prepare the smaller lab "
-                       f"profile (`uv run prepare.py --profile lab --force`); then rerun the same command")
+        if outcome.kind is Kind.TIMEOUT:    # the train.py the tag starts from and the pristine evaluator: the machine
+            what = "separate evaluation" if outcome.reason.startswith(EVAL_TIMEOUT) else "training"
+            raise Stop(f"the baseline's {what} ran out of time ({outcome.reason}): this machine is too slow or too "
+                       f"busy for this budget, which is not train.py's fault (do not change it). Rerun the same "
+                       f"command with a longer limit, --timeout {baseline_timeout_hint(outcome)}, quiet the machine, or "
+                       f"prepare the smaller lab profile (`uv run prepare.py --profile lab --force`)")
         if outcome.metric is None:
             raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
                        f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
@@ -439,7 +443,8 @@ def record_baseline(s, outcomes, t0, spend0):
                                  verdict="paired" if rule.paired else "margin",
                                  false_keep=rule.false_keep if rule.paired else None, seed_base=s.seed_base,
                                  sd_floor=floor, floor_source=floor_source,
-                                 base_probe_s=statistics.fmean(probes) if probes else None, **again)))
+                                 base_probe_s=statistics.fmean(probes) if probes else None, timeout_s=s.timeout,
+                                 **again)))
     if n:
         keep(s, s.history[-1])
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
@@ -450,6 +455,11 @@ def record_baseline(s, outcomes, t0, spend0):
             f"candidates are paired with these seeds (false-keep rate {s.rule.false_keep:g})" if s.rule.is_paired
             else f"a candidate must beat the best by {s.rule.margin:.6f} ({s.rule.source})"))
     console.say(max_wall(s).words())
+
+
+def baseline_timeout_hint(outcome):
+    """A --timeout for a baseline whose run hit its limit: twice what it ran, in whole minutes (seconds)."""
+    return 60 * math.ceil(2 * max(outcome.seconds + outcome.eval_seconds, 60) / 60)
 
 
 def seed_of(seed_base, n, run):
@@ -485,6 +495,13 @@ def max_wall(s):
                                 s.pool.cpu_workers if s.pool else 1, comparable=not s.smoke)
 
 
+def run_timeout(s):
+    """The hard limit on a training run (a conditions.Timeout of its speed probe): s.timeout (--timeout, or the one
+    the tag's baseline recorded) when there is one, else target.default_timeout before the baseline and twice the
+    wall-time allowance (max_wall) after it."""
+    return conditions.Timeout(default_timeout(s.budget), s.timeout, None if s.baseline_due else max_wall(s))
+
+
 EVAL_FIRST_S = 1800.0   # the baseline's separate evaluations may take this long (nothing is known of the machine yet)
 EVAL_TIMES = 5          # later, a run's may take this many times the baseline's (a bigger model, a busier machine) ...
 EVAL_SLACK_S = 120.0    # ... plus this (the evaluator's start-up: Python, torch, loading the exported program)
@@ -496,7 +513,7 @@ def eval_timeout(s):
     --timeout, when given, when it is longer."""
     base = None if s.baseline_due else ledger.baseline_of(s.history)
     sized = EVAL_FIRST_S if base is None else EVAL_TIMES * (base.get("eval_seconds") or 0.0) + EVAL_SLACK_S
-    return max(sized, s.settings.timeout or 0.0)
+    return max(sized, s.timeout or 0.0)
 
 
 def holdout_wrap(s):

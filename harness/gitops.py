@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import io
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 
 import git
@@ -212,7 +213,12 @@ def open_stage(repo, path, commit):
         repo.git.worktree("add", "-f", "--detach", str(path), commit)
     stage = harden(git.Repo(path))
     (Path(stage.git_dir) / "index.lock").unlink(missing_ok=True)   # left by a kill mid-commit; we hold the repo lock
-    stage.git.checkout("-q", "-f", "--detach", commit)
+    try:
+        stage.git.checkout("-q", "-f", "--detach", commit)
+    except git.GitCommandError:     # the stage's own HEAD unreadable (a discard's damaged object): a fresh stage
+        shutil.rmtree(path)
+        repo.git.worktree("add", "-f", "--detach", str(path), commit)
+        stage = harden(git.Repo(path))
     return stage
 
 
@@ -279,6 +285,23 @@ def verified(repo, binsha):
     if len(data) != stream.size or hashlib.sha1(header + data).digest() != binsha:
         raise ValueError(f"object {binsha.hex()} is damaged: its content does not match its hash")
     return data
+
+
+def set_aside_damaged(repo, data):
+    """Before `data` is committed as a blob: when its loose object exists but is damaged (a discard's, unreadable:
+    git would reuse it and the commit would hold the damaged bytes), rename it to <object>.damaged so that git
+    writes it anew. A sound, missing or packed object is left as it is."""
+    sha = git_blob_sha(data)
+    path = git_dir(repo) / "objects" / sha[:2] / sha[2:]
+    if not path.is_file():
+        return
+    try:
+        verified(repo, bytes.fromhex(sha))
+        return
+    except (git.GitError, ValueError, OSError):
+        pass
+    repo.git.clear_cache()          # git's reader may be off track after a damaged object
+    path.rename(path.with_name(path.name + ".damaged"))
 
 
 def blob_at(repo, commit, rel):

@@ -213,7 +213,7 @@ def change_at(s, e):
     train.py to its commit's); an empty Change for a baseline (a new hardware's too) or when git cannot read it."""
     cache = s.changes
     if e["n"] not in cache:
-        if is_baseline(e) or not e.get("base") or not e.get("full_commit"):
+        if is_baseline(e) or not e.get("base") or not e.get("full_commit") or e["n"] in s.unreadable:
             cache[e["n"]] = Change()
         else:
             try:

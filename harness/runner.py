@@ -55,7 +55,8 @@ class RunSpec:
     cwd: Path
     log: Path                               # stdout + stderr of the run (and of its evaluation)
     metric: str                             # the summary key that is the result, e.g. val_bpb
-    timeout: float                          # seconds; the whole process group is killed after it
+    timeout: object                         # seconds, or a conditions.Timeout of the run's speed probe; the whole
+    #                                         process group is killed after it
     frozen: tuple = ()                      # files of cwd that must be byte-identical after the run
     env: dict = dataclasses.field(default_factory=dict)   # added to the (secret-free) environment
     wrap: Callable = lambda argv: argv      # the sandbox: argv -> the argv that runs it confined
@@ -126,6 +127,7 @@ class Outcome:
     probe_s: float | None = None            # the speed probe's seconds around the run (harness.conditions)
     probe_problem: str = ""                 # why a probe gave no number (the old rules apply), else ""
     cancel: object = None                   # the curves.Cancel that stopped it (kind CANCELLED)
+    timeout_s: float | None = None          # the training's hard limit at its speed probe (conditions.Timeout)
 
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
@@ -144,9 +146,10 @@ def run(spec):
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before = spec.probe() if spec.probe else (None, "")
+    limit = timeout_s(spec.timeout, before[0])
     try:
         rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
-                                             run_env(spec), spec.timeout, spec.on_start, watched(spec, before[0]),
+                                             run_env(spec), limit, spec.on_start, watched(spec, before[0]),
                                              peak=peak)
     except Cancelled as stopped:            # its process group is gone: one outcome, never a second one
         cap_log(spec.log)
@@ -160,12 +163,14 @@ def run(spec):
     own, reported_gb, own_problem = read_metric(summary, spec.metric)
     outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
                       reported_memory_gb=reported_gb, probe_s=conditions.combine(before[0], after[0]),
-                      probe_problem=before[1] or after[1])
+                      probe_problem=before[1] or after[1], timeout_s=limit)
     allowed = spec.max_wall.seconds(outcome.probe_s) if spec.max_wall is not None else None
     if tampered:
         outcome.fail(Kind.REJECTED, f"rejected: train.py modified {', '.join(tampered)}")
+    elif timed_out and isinstance(spec.timeout, conditions.Timeout) and spec.timeout.short(before[0]):
+        outcome.fail(Kind.OVERTIME, spec.timeout.short_words(before[0]))    # the harness's limit, not the idea
     elif timed_out:
-        outcome.fail(Kind.TIMEOUT, f"timeout after {spec.timeout:.0f}s")
+        outcome.fail(Kind.TIMEOUT, f"timeout after {limit:.0f}s")
     elif rc != 0:
         outcome.fail(Kind.CRASH, f"exit code {rc}")
     elif spec.budget is not None and not _same_budget(summary.get("time_budget_s"), spec.budget):
@@ -186,6 +191,11 @@ def run(spec):
     # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
     outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
+
+
+def timeout_s(timeout, probe_s=None):
+    """Seconds of a Spec's timeout (a number, or a conditions.Timeout at probe_s)."""
+    return timeout.seconds(probe_s) if isinstance(timeout, conditions.Timeout) else timeout
 
 
 class Cancelled(Exception):
@@ -233,7 +243,7 @@ def evaluate(spec, outcome):
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
         offset = log.tell()                 # the evaluator's output starts here, however long train.py's log was
-    t0, limit = time.monotonic(), ev.timeout or spec.timeout
+    t0, limit = time.monotonic(), ev.timeout or timeout_s(spec.timeout)
     rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
                                             str(ev.artifact)]), ev.prepare_dir, spec.log,
                                    run_env(spec), limit, lambda pgid: None, spec.on_tick,
@@ -361,6 +371,7 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                 elapsed = time.monotonic() - t0
                 if elapsed >= timeout:
                     kill_group(proc.pid, proc)
+                    killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
                     return None, time.monotonic() - t0, True
                 on_tick(elapsed)
                 if peak is not None:
@@ -370,14 +381,26 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                     break
                 except subprocess.TimeoutExpired:
                     pass
-        except BaseException:
+        except BaseException as e:
             kill_group(proc.pid, proc)
             kill_strays(ours, token)
+            killed(log, time.monotonic() - t0, "cancelled early: its learning curve fell behind the best's"
+                   if isinstance(e, Cancelled) else "the harness was interrupted (Ctrl-C or SIGTERM)")
             raise
     seconds = time.monotonic() - t0
     kill_group(proc.pid, proc)
     kill_strays(ours, token)
     return rc, seconds, False
+
+
+def killed(log, seconds, why):
+    """The last line of a run's log (log: its binary file object) when the harness killed the run: why, and after
+    how long, so that a log cut mid-step is not read as a crash of its own."""
+    try:
+        log.write(f"\n=== killed by the harness after {seconds:.0f}s: {why} ===\n".encode())
+        log.flush()
+    except OSError:                 # a full disk: the kill itself is what matters
+        pass
 
 
 def wait(proc, timeout, peak=None):

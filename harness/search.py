@@ -477,6 +477,8 @@ def trial_of(s, event, values=None):
     given), its metric, or failed for a crash; None when its train.py cannot be read."""
     import optuna
     if values is None:
+        if event["n"] in s.unreadable:
+            return None
         try:
             values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
         except (GitError, SetupError, ValueError):

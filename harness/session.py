@@ -33,7 +33,7 @@ from harness.holdout import pinned_env
 from harness.proposers import Spend
 from harness.search import STUDY_DB
 from harness.settings import Settings
-from harness.target import (FROZEN, check_target, default_timeout, effective_budget, own_budget, read_frozen_constants,
+from harness.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
                              run_prepare)
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
 
@@ -54,7 +54,8 @@ class Session:
     metric: str
     goal: str                           # "min" or "max"
     budget: float                       # effective TIME_BUDGET in seconds
-    timeout: float
+    timeout: float | None               # --timeout, else the one the tag's baseline recorded; None: derived
+    #                                     (experiment.run_timeout)
     rule: Rule                          # the verdict rule: margin, confirmation runs (noise measured by the baseline)
     best_commit: str                    # full sha of the best kept commit (the branch tip between experiments)
     best_metric: float | None
@@ -81,6 +82,7 @@ class Session:
     search: object = None               # harness.search.Search: the tag's study, once a search opened it
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
     prints: dict = dataclasses.field(default_factory=dict)  # experiment n -> edits.fingerprint of it (measured_as)
+    unreadable: set = dataclasses.field(default_factory=set)  # experiments whose objects git cannot read (discards)
     changes: dict = dataclasses.field(default_factory=dict)  # experiment n -> memory.Change (the tabu, the bandit)
     outer: object = None                # harness.outer.State: the outer loop's freezes, guidance and mechanisms
     tracking: object = None             # harness.tracking.Tracker: the MLflow store (--mlflow; None: off)
@@ -210,6 +212,8 @@ def duplicate_of(s, source):
     included), or None: an idea already measured is never run again."""
     blob = git_blob_sha(source.encode())
     for e in s.history:
+        if e["n"] in s.unreadable:
+            continue
         if e["n"] not in s.blobs:
             s.blobs[e["n"]] = (s.repo.commit(e["full_commit"]).tree / s.train_rel).hexsha
         if s.blobs[e["n"]] == blob:
@@ -230,7 +234,7 @@ def measured_as(s, source):
     mine, overtime = fingerprint(source), []
     for e in s.history:
         kind = runner.Kind.of(e)
-        if kind is not runner.Kind.OVERTIME and not kind.measured:
+        if kind is not runner.Kind.OVERTIME and not kind.measured or e["n"] in s.unreadable:
             continue
         if e["n"] not in s.prints:
             s.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
@@ -281,11 +285,12 @@ def open_session(settings, profile=None):
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
-    checks.readable(s)
+    damaged = checks.readable(s)
     checks.one_budget(s)
     checks.one_rule(s, state.rule)
     check_checkout(s)
     recover_runs(s, state.stale_runs, all_events)
+    record_unreadable(s, damaged, all_events)
     (target / (ledger.RESULTS + ".new")).unlink(missing_ok=True)  # a staged copy left by a kill (keep_one_tag)
     checks.no_stray_rows(s, all_events)
     place_branch(s)
@@ -321,7 +326,7 @@ def new_session(settings, target, constants, state, profile=None):
                 metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
                 smoke=budget != own, profile=profile, sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
                 speed_probe=constants.get("SPEED_PROBE") is True,
-                timeout=settings.timeout or default_timeout(budget),
+                timeout=settings.timeout or (ledger.baseline_of(history) or {}).get("timeout_s"),
                 rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
                              runs=settings.baseline_runs, **tag_rule(settings, state)),
                 best_commit="", best_metric=kept[-1]["metric"] if kept else None,
@@ -371,6 +376,20 @@ def recover_runs(s, stale_runs, all_events):
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
             s.log("torn_line", file=name, fragment=fragment)
             console.say(f"{name}: removed a line cut mid-write ({fragment[:60]!r}); it is kept in {ledger.EVENTS}")
+
+
+def record_unreadable(s, damaged, all_events):
+    """The discards and crashes whose objects git cannot read (checks.readable: {n: what git said}): named on the
+    terminal at each start, recorded once as an "unreadable" event; their rows stay, and new ideas are no longer
+    compared with them."""
+    known = {e.get("n") for e in all_events if e.get("tag") == s.settings.tag and e.get("event") == "unreadable"}
+    for e in s.history:
+        if e["n"] in damaged:
+            console.say(f"warning: experiment #{e['n']} ({e['commit']}) is unreadable: git cannot read its commit or "
+                        f"its train.py ({damaged[e['n']]}); its row stays, and new ideas are not compared with it. "
+                        "`git fsck` names the damaged objects")
+            if e["n"] not in known:
+                s.log("unreadable", n=e["n"], commit=e["commit"], reason=damaged[e["n"]])
 
 
 def check_checkout(s):

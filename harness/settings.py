@@ -218,8 +218,10 @@ def add_common_flags(p):
     p.add_argument("--target", default=str(ROOT),
                    help="directory holding program.md, the frozen prepare.py and train.py (default: the directory of "
                    "agent.py, the repository root; e.g. grpo for the RL target)")
-    p.add_argument("--timeout", type=number(0, above=True), help="hard limit per training run in seconds (default: "
-                   "2 x TIME_BUDGET, at least TIME_BUDGET + 120); the whole process group is killed")
+    p.add_argument("--timeout", type=number(0, above=True), help="hard limit per training run in seconds, kept for "
+                   "the tag (default: 2 x TIME_BUDGET, at least TIME_BUDGET + 120, for the baseline; then 2 x the "
+                   "wall-time allowance its runs measured); the whole process group is killed. Raise it when this "
+                   "machine is too slow or busy for the budget")
     p.add_argument("--sandbox", choices=("auto", "bwrap", "off"), default="auto",
                    help="run train.py inside bubblewrap (read-only filesystem, repository and evaluation data hidden, "
                    "no network): auto = when it works here (Linux), bwrap = required, off = never (default auto)")

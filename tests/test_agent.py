@@ -114,7 +114,7 @@ def test_timeout_kills_the_whole_process_group(target):
     spawn = (f"SLEEP = 60.0\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])\n"
              "print('child started', flush=True)")
     with ScriptedLLM([edit("sleep long", "SLEEP = 0.0", spawn)]) as llm:
-        argv = ["--tag", "t", "--target", str(target), "--timeout", "2", "--max-experiments", "1",
+        argv = ["--tag", "t", "--target", str(target), "--timeout", "8", "--max-experiments", "1",
                 "--proposer", "anthropic", "--base-url", llm.anthropic_url, *STRICT, "--no-speculate"]
         assert agent.main(argv) == 0
     pgid = events(target, "run")[1]["pgid"]
@@ -128,7 +128,7 @@ def test_timeout_kills_the_whole_process_group(target):
             pass
     assert alive == []
     commit = events(target, "experiment")[1]["commit"]
-    assert rows(target)[1] == f"{commit}\t0.000000\t0.0\tcrash\tsleep long (timeout after 2s)"
+    assert rows(target)[1] == f"{commit}\t0.000000\t0.0\tcrash\tsleep long (timeout after 8s)"
     assert len(llm.requests) == 1                                     # a timeout is not sent back for a fix
     assert sha(target, "autoresearch/t") == sha(target, "main") and tree_is_clean(target)
 

@@ -12,6 +12,7 @@ better number with the same code.
 
 import re
 import types
+from pathlib import Path
 
 import git
 import pytest
@@ -227,6 +228,52 @@ def test_an_honest_run_on_a_slower_machine_is_allowed_and_training_past_the_budg
     assert three["reason"].startswith("rejected: train.py ran") and "the speed probe 1.00x the baseline's" in \
         three["reason"]
     assert small["kind"] == "ok" and 0.3 <= allowance.slack()                   # its extra compute: within the slack
+
+
+def test_the_timeout_follows_the_baselines_wall_time_unless_given():
+    """An external agent's case (issue 37): budget 20 s, the baseline's train.py 168 s (148 s of start-up on a busy
+    2-core box). The old default, max(2 x 20, 20 + 120) = 140 s, killed its first candidate. Now: 140 s only until
+    the baseline is measured, then 2 x the allowance (20 + 148 x 1.1 + 0.1 + 2 = 184.9 s): 369.8 s, and 2x that
+    start-up when the probe says the machine is 2x slower. A given limit is used as is; one shorter than the
+    baseline's own need at the run's speed is short (what it kills is not judged)."""
+    allowance = Allowance(20.0, 148.0, base_probe=0.2)
+    assert conditions.Timeout(140.0).seconds(0.4) == 140.0 and not conditions.Timeout(140.0).short(0.4)
+    derived = conditions.Timeout(140.0, allowance=allowance)
+    assert derived.seconds(0.2) == pytest.approx(2 * 184.9) and derived.seconds(None) == pytest.approx(369.8)
+    assert derived.seconds(0.4) == pytest.approx(2 * (20 + 296 * 1.1 + 0.1 + 2)) and not derived.short(0.4)
+    lab = conditions.Timeout(180.0, allowance=Allowance(60.0, 16.0, 0.2))      # the lab profile: 2 x 79.9 s < 180 s
+    assert lab.seconds(0.2) == 180.0 and lab.seconds(0.4) == pytest.approx(2 * (60 + 32 * 1.1 + 0.3 + 2))
+    given = conditions.Timeout(140.0, given=140.0, allowance=allowance)
+    assert given.seconds(0.4) == 140.0 and given.short(0.2) and allowance.need(0.2) == 168.0
+    assert given.short_words(0.2) == ("not judged: killed at the 140s timeout, shorter than the 168s the baseline's "
+                                      "own run takes on this machine now; give --timeout 370 or more")
+    assert not conditions.Timeout(140.0, given=200.0, allowance=allowance).short(0.2)
+    assert conditions.Timeout(140.0, given=200.0, allowance=allowance).short(0.4)     # 2x slower: 316 s needed
+    assert derived.words() == "370s (2 x the wall-time allowance, at least 140s)"
+    assert conditions.Timeout(140.0).words() == "140s until the baseline is measured, then 2 x the wall-time allowance"
+
+
+def test_a_run_killed_by_a_timeout_shorter_than_the_baselines_need_is_not_judged(timed):
+    """The baseline measured quietly (0.5 s start-up + 1 s budget), its --timeout recorded for the tag. The machine
+    4x slower: the baseline itself would now take ~3 s, and a --timeout of 2 s kills the candidate: not judged (kind
+    overtime, the reason names the flag), not a timeout of the idea, so the same train.py may be proposed again; its
+    log ends with the harness's line saying it killed the run and when."""
+    loop(timed, [], "--baseline-runs", "1", "--confirm", "0")
+    assert events(timed, "experiment")[0]["timeout_s"] == 60.0
+    slow(timed, 4)
+    loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041")], "--timeout", "2")
+    killed = events(timed, "experiment")[1]
+    assert killed["kind"] == "overtime" and killed["reason"].startswith("not judged: killed at the 2s timeout, "
+                                                                         "shorter than the ")
+    assert "give --timeout" in killed["reason"]
+    ends = [e for e in events(timed, "run_end") if e["n"] == 1]
+    assert ends and all(e["kind"] == "overtime" and e["timeout_s"] == 2.0 for e in ends)
+    log = Path(ends[0]["log"]).read_text()
+    assert re.search(r"=== killed by the harness after 2s: the 2s timeout ===\n\Z", log.split("=== separate")[0])
+    slow(timed, 1)
+    loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041")])          # the same idea: measured now (not tabu)
+    again = events(timed, "experiment")[2]
+    assert again["kind"] == "ok" and again["description"] == "lower LR"
 
 
 def test_a_failing_probe_leaves_the_allowance_unscaled_with_a_warning(timed, capsys):

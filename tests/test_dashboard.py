@@ -193,8 +193,8 @@ def test_csp_allows_only_the_page_script(tmp_path):
 
 def test_the_loop_writes_a_live_page_that_stops_reloading_when_stale(tmp_path):
     target = planted_run(tmp_path)
-    s = types.SimpleNamespace(target=target, settings=types.SimpleNamespace(tag=TAG), timeout=60.0)
-    dashboard.refresh(s, live=True)
+    s = types.SimpleNamespace(target=target, settings=types.SimpleNamespace(tag=TAG))
+    dashboard.refresh(s, live=True, timeout_s=60.0)
     data = page_data(target / dashboard.PAGE)
     assert data["live"] and data["stale_s"] == 720.0 and data["reload_s"] == dashboard.RELOAD_S
     assert len(data["rows"]) == 4

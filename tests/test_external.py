@@ -5,6 +5,7 @@ import json
 
 import agent
 from agent_target import STRICT
+from helpers import events
 from harness.verdict import Rule
 
 
@@ -33,10 +34,13 @@ def test_a_timed_out_experiment_is_its_verdict_and_gets_no_fix(target, capsys):
     assert try_(target, "--timeout", "20", *STRICT, "--baseline") == 0
     path = target / "train.py"
     path.write_text(path.read_text().replace("SLEEP = 0.0", "SLEEP = 60.0"))
-    assert try_(target, "--timeout", "2", *STRICT, "-m", "sleep long") == 0
+    assert try_(target, "--timeout", "12", *STRICT, "-m", "sleep long") == 0     # > the baseline's own ~3 s
     out = capsys.readouterr().out
-    assert block(out)["status"] == "crash" and block(out)["reason"] == "timeout after 2s" and "to fix" not in block(out)
+    assert block(out)["status"] == "crash" and block(out)["reason"] == "timeout after 12s" and "to fix" not in block(out)
     last = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()][-2:]
     assert [e["event"] for e in last] == ["experiment", "synced"] and last[0]["kind"] == "timeout"
     assert try_(target, "--timeout", "20", *STRICT, "--fix", "-m", "sleep less") == 2
     assert "ended timeout: that is its verdict" in capsys.readouterr().err
+    path.write_text(path.read_text().replace("LR = 0.04", "LR = 0.05"))
+    assert try_(target, *STRICT, "-m", "a higher LR") == 0       # no --timeout: the tag's, which its baseline kept
+    assert [e["timeout_s"] for e in events(target, "run")][-1] == 20.0

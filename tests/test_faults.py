@@ -689,6 +689,31 @@ def test_a_damaged_git_object_of_a_recorded_candidate_is_named_at_resume(target,
     assert rows(target)[-1].endswith("discard\tlower LR")
 
 
+@pytest.mark.parametrize("how, what", [("garbage", "commit"), ("cut", "train.py"), ("garbage", "train.py")])
+def test_a_damaged_object_of_a_discarded_candidate_is_named_and_the_tag_goes_on(target, capsys, how, what):
+    """Only a discard's object is damaged: the loop needs it only to compare new ideas with it. The resume names
+    it, records it as unreadable in the events (once), keeps its row, and runs the next experiment; the same idea
+    proposed again is measured (nothing can say it repeats an unreadable one)."""
+    with ScriptedLLM([RAISE_LR, LOWER_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
+    discard = events(target, "experiment")[2]
+    assert discard["status"] == "discard"
+    repo = git.Repo(target)
+    sha = discard["full_commit"] if what == "commit" else repo.commit(discard["full_commit"]).tree[what].hexsha
+    damage(target / ".git" / "objects" / sha[:2] / sha[2:], how)
+    row = rows(target)[2]
+    with ScriptedLLM([edit("lower LR again", "LR = 0.05", "LR = 0.03")]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "3") == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert f"experiment #2 ({discard['commit']}) is unreadable" in out
+    assert [e["n"] for e in events(target, "unreadable")] == [2] and rows(target)[2] == row
+    assert rows(target)[3].endswith("\tlower LR again") and len(rows(target)) == 4
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "3") == 0
+    assert [e["n"] for e in events(target, "unreadable")] == [2]                    # recorded once
+
+
 def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, monkeypatch):
     """events.jsonl ends with a line cut by a kill, and the start is refused (another budget): nothing is cut, the
     file is byte for byte as it was; the accepted start then cuts it and keeps its text as a torn_line event."""

@@ -127,20 +127,40 @@ def test_a_profile_declares_its_own_budget(tmp_path):
 
 def test_the_evaluation_limit_is_sized_by_evaluation():
     """Before this hardware's baseline is measured its evaluations get EVAL_FIRST_S; then 5 x the baseline's
-    evaluation + 120 s, whatever the training budget; --timeout when longer. A baseline whose pristine evaluator ran
-    out of time stops the loop as the machine's problem, with the fixes, never "Fix train.py"."""
+    evaluation + 120 s, whatever the training budget; --timeout when longer. A baseline whose pristine evaluator or
+    whose training ran out of time stops the loop as the machine's problem, with the flag that fixes it, never "Fix
+    train.py"."""
     base = dict(n=0, status="keep", description="baseline", eval_seconds=3.0, hardware_epoch=1)
-    s = SimpleNamespace(baseline_due=False, history=[base], settings=SimpleNamespace(timeout=None))
+    s = SimpleNamespace(baseline_due=False, history=[base], timeout=None)
     assert experiment.eval_timeout(s) == 5 * 3.0 + 120
     assert experiment.eval_timeout(changed(s, baseline_due=True)) == 1800.0
-    assert experiment.eval_timeout(changed(s, settings=SimpleNamespace(timeout=4000.0))) == 4000.0
-    late = Outcome("c0ffee", None, 0.0, 65.0, kind=Kind.TIMEOUT,
+    assert experiment.eval_timeout(changed(s, timeout=4000.0)) == 4000.0
+    late = Outcome("c0ffee", None, 0.0, 65.0, kind=Kind.TIMEOUT, eval_seconds=1800.0,
                    reason="evaluation timeout after 1800s: the frozen evaluator did not finish scoring the model in time")
     with pytest.raises(Stop) as stop:
         experiment.record_baseline(s, [late], 0.0, None)
     assert str(stop.value).startswith("the baseline's separate evaluation ran out of time (evaluation timeout after "
                                       "1800s: ") and "Fix train.py" not in str(stop.value)
-    assert "--timeout SECONDS" in str(stop.value) and "--profile lab" in str(stop.value)
+    assert "--timeout 3780," in str(stop.value) and "--profile lab" in str(stop.value)
+    slow = Outcome("c0ffee", None, 0.0, 140.2, kind=Kind.TIMEOUT, reason="timeout after 140s", timed_out=True)
+    with pytest.raises(Stop) as stop:
+        experiment.record_baseline(s, [slow], 0.0, None)
+    assert str(stop.value) == (
+        "the baseline's training ran out of time (timeout after 140s): this machine is too slow or too busy for this "
+        "budget, which is not train.py's fault (do not change it). Rerun the same command with a longer limit, "
+        "--timeout 300, quiet the machine, or prepare the smaller lab profile (`uv run prepare.py --profile lab "
+        "--force`)")
+
+
+def test_the_run_timeout_is_the_tags_or_follows_its_baseline():
+    """experiment.run_timeout: the given one (--timeout or the tag's recorded) as is; else the target's default until
+    the baseline is measured, then twice the allowance its runs measured (at least the default)."""
+    base = dict(n=0, status="keep", description="baseline", train_seconds=168.0, base_probe_s=0.2, hardware_epoch=1)
+    s = SimpleNamespace(baseline_due=False, history=[base], timeout=None, budget=20.0, pool=None, smoke=False)
+    assert experiment.run_timeout(s).seconds(0.2) == pytest.approx(2 * (20 + 148 * 1.1 + 0.1 + 2))
+    assert experiment.run_timeout(changed(s, baseline_due=True)).seconds(0.2) == default_timeout(20.0) == 140.0
+    assert experiment.run_timeout(changed(s, timeout=90.0)).seconds(0.2) == 90.0
+    assert experiment.run_timeout(changed(s, timeout=90.0)).short(0.2)
 
 
 def changed(namespace, **changes):
