@@ -41,7 +41,7 @@ from harness.pool import Pool
 from harness.proposers import Spend, make_proposer
 from harness.prompts import SYSTEM_PROMPT, goal_word
 from harness.runner import become_subreaper
-from harness.session import RUN_LOG, open_session
+from harness.session import RUN_LOG, left_behind, open_session
 from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, parse  # noqa: F401  (the loop's rules, stated there)
 from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 
@@ -233,7 +233,7 @@ def research_main(s, proposer, constants, devices):
 def main(argv=None):
     """Entry point: `agent.py --tag T ...` runs the loop, `agent.py try --tag T ...` one experiment (try_one). Exit
     codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
-    (nothing changed), 130 interrupted (training killed, branch at the best commit)."""
+    (nothing changed), 130 interrupted (training killed; the words say what was recorded)."""
     settings = parse(list(sys.argv[1:] if argv is None else argv))
     previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
     become_subreaper()                      # a process a run detaches still ends with the run
@@ -265,21 +265,43 @@ def main(argv=None):
         console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")
         return 1
     except KeyboardInterrupt:
-        log_stop(s, "interrupted", "interrupted")
-        print(f"\nagent.py: interrupted; {after_interrupt(s, settings)}.", file=sys.stderr)
-        return 130
+        return interrupted(s, settings)
+    except Exception as e:              # Ctrl-C inside an import, wrapped by Python (`Error calling __set_name__`)
+        if not from_interrupt(e):
+            raise
+        return interrupted(s, settings)
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def interrupted(s, settings):
+    """Ctrl-C or SIGTERM: the stop event, the words of what is recorded, exit code 130."""
+    log_stop(s, "interrupted", "interrupted")
+    print(f"\nagent.py: interrupted; {after_interrupt(s, settings)}.", file=sys.stderr)
+    return 130
+
+
+def from_interrupt(e):
+    """Whether exception e was caused by a KeyboardInterrupt (Python 3.11 wraps one raised inside a class body's
+    __set_name__, as an SDK's import can be, in a RuntimeError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def after_interrupt(s, settings):
     """What an interrupt left behind, in words."""
     if settings.command == "loop":
-        return f"{s.branch if s else 'the branch'} is at the best commit. Rerun the same command to resume"
-    if not (s and s.recorded):
+        return f"{left_behind(s) if s else 'nothing was recorded'}. Rerun the same command to resume"
+    recorded = left_behind(s, s.recording) if s and s.recording is not None else None
+    if recorded is None:
         return "no result was recorded and train.py in your checkout is as you left it. Rerun the same command"
-    return (f"the result was recorded (results.tsv) but train.py in your checkout may not be the best: `uv run "
-            f"agent.py try --tag {settings.tag} --sync`")
+    return (f"{recorded}; train.py in your checkout may not be the best: `uv run agent.py try --tag {settings.tag} "
+            "--sync`")
 
 
 def log_stop(s, event, reason):

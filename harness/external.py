@@ -60,8 +60,8 @@ def try_one(s):
     judged = experiment.judge(s, n, fixes, outcome, s.best_commit, s.best_metric)
     result = experiment.Result(n, outcome, judged, description, time.monotonic() - t0, fixes=fixes,
                                fields=dict(fix_of=fix_of))
+    s.recording = n                     # from here an interrupt may leave a result behind (main reads it back)
     event = experiment.record(s, result)
-    s.recorded = True                   # from here on an interrupt leaves a result behind (main's message)
     if judged.status == "keep":
         experiment.keep(s, event)
     synced = write_checkout(s, expected=source)

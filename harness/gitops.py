@@ -153,15 +153,19 @@ def make_candidate_ref(repo, tag, n, commit):
 NOTES_REF = "refs/notes/commits"           # git's default notes ref: plain `git log` shows the notes
 
 
+def note_of(repo, commit):
+    """The git note of commit on the default notes ref ("" when it has none)."""
+    try:
+        return repo.git.notes("show", commit)
+    except git.GitCommandError:
+        return ""
+
+
 def add_note(repo, commit, text):
     """Attach text to commit as a git note on the default notes ref (refs/notes/commits), so that plain `git log` and
     `git show` print it. Appended to a note already there (the same commit measured by two tags, or your own note),
     and skipped when that note already holds text (a resume writes it again)."""
-    try:
-        existing = repo.git.notes("show", commit)
-    except git.GitCommandError:
-        existing = ""
-    if text not in existing:
+    if text not in note_of(repo, commit):
         repo.git.notes("append", "-m", text, commit)
 
 

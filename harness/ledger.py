@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import errno
 import json
+import logging
 import os
 import re
 import stat
@@ -170,6 +171,33 @@ def open_record(path, mode="a"):
     if mode in ("w", "wb"):
         os.ftruncate(fd, 0)
     return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8")
+
+
+LIBRARY_LOGGERS = ("sqlalchemy", "alembic", "mlflow", "optuna")   # what the stores log: never the terminal's
+LIBRARY_LOG = "libraries.log"       # in the tag's harness folder
+_routed = {"handler": None}
+
+
+def route_library_logs(path=None):
+    """Send what the stores' libraries log (LIBRARY_LOGGERS: a locked SQLite file makes SQLAlchemy and MLflow log
+    tracebacks, Ctrl-C inside a study query too) to the record at path (opened like every record: open_record),
+    never to the terminal, where the harness's own warning says what happened. Called again after a library is
+    imported (mlflow and optuna put their own terminal handlers on their loggers then): path None keeps the file
+    routed to before (none: the lines are dropped)."""
+    handler = _routed["handler"]
+    if path is not None:
+        if handler is not None:
+            handler.close()
+        try:
+            handler = logging.StreamHandler(open_record(path))
+        except OSError:                 # a refused or unwritable file: dropped, as before a tag has a folder
+            handler = logging.NullHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        _routed["handler"] = handler
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler or logging.NullHandler()]
+        logger.propagate = False
 
 
 def write_atomic(path, content):

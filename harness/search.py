@@ -15,7 +15,7 @@ import re
 import time
 import warnings
 
-from harness import console
+from harness import console, ledger
 from harness.edits import answer_for
 from harness.errors import SetupError, Stop
 from harness.gitops import GitError, file_at
@@ -363,6 +363,7 @@ def open_study(s):
     study that cannot be made at all leaves the search without one: a warning, never a crash."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ledger.route_library_logs()         # optuna's own terminal handler, put there by its import: off
     path, search = s.home / STUDY_DB, s.search
     problem = None
     if path.exists():

@@ -77,7 +77,7 @@ class Session:
     started: float = dataclasses.field(default_factory=time.monotonic)
     last: str = "-"                     # the last verdict, for the status line
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
-    recorded: bool = False              # `try`: this invocation's experiment is recorded
+    recording: int | None = None        # `try`: the experiment this invocation records (an interrupt's words)
     pool: object = None                 # harness.pool.Pool: the devices of the loop (None for `try`)
     search: object = None               # harness.search.Search: the tag's study, once a search opened it
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
@@ -297,6 +297,7 @@ def open_session(settings, profile=None):
     s.synced = next((e["commit"] for e in reversed(all_events)
                      if e.get("tag") == settings.tag and e.get("event") == "synced"), None)
     claim_home(s)
+    ledger.route_library_logs(s.home / ledger.LIBRARY_LOG)     # the stores' libraries: never on the terminal
     frozen_side(s, all_events, constants)
     hardware_side(s, all_events)
     restore_outputs(s, all_events)
@@ -305,12 +306,43 @@ def open_session(settings, profile=None):
     return s, constants
 
 
+def left_behind(s, n=None):
+    """What a stop at this moment (an interrupt, anywhere) left of the tag's records, in words true now, read back from
+    disk: the last experiment event, its results.tsv row, its git note, and where the branch is against the last
+    keep. A record the next start completes (ledger.py's order of writes) is named as such. n: None when the last
+    experiment on disk is not experiment n (`try`: its result not recorded)."""
+    try:
+        history = ledger.experiment_events(ledger.read_events(s.target / ledger.EVENTS), s.settings.tag)
+        tip = s.repo.heads[s.branch].commit.hexsha if s.branch in s.repo.heads else None
+        if not history:
+            return "nothing was recorded yet"
+        last, kept = history[-1], [e for e in history if e.get("status") == "keep"]
+        if n is not None and last["n"] != n:
+            return None
+        missing = []
+        if ledger.results_row(last) not in ledger.read_rows(s.target / ledger.RESULTS):
+            missing.append("its results.tsv row")
+        if ledger.note_text(last, s.metric) not in gitops.note_of(s.repo, last["full_commit"]):
+            missing.append("its git note")
+        behind = bool(kept) and tip != kept[-1]["full_commit"]
+        words = [f"the last experiment, #{last['n']} ({last['status']}), is recorded in {ledger.EVENTS}"]
+        words.append(f"{s.branch} is still at {tip[:7] if tip else 'nothing'}, behind the last keep "
+                     f"(#{kept[-1]['n']}, {kept[-1]['commit']})" if behind else
+                     f"{s.branch} is at the best commit ({tip[:7] if tip else '-'})")
+        if missing:
+            words.append(f"{' and '.join(missing)} not written yet")
+        return "; ".join(words) + ("; the next start completes them" if missing or behind else "")
+    except Exception as e:  # noqa: BLE001  (words at an interrupt: never a second traceback)
+        return f"the records could not be read back ({type(e).__name__})"
+
+
 def records(s):
     """Every file the loop writes its records into: results.tsv (and its staged copy, other tags' archives),
-    events.jsonl, run.log, the dashboard, the study."""
+    events.jsonl, run.log, the dashboard, the study, the libraries' log."""
     target = s.target
     return [target / name for name in (ledger.RESULTS, ledger.RESULTS + ".new", ledger.EVENTS, RUN_LOG,
-                                       dashboard.PAGE)] + sorted(target.glob("results.*.tsv")) + [s.home / STUDY_DB]
+                                       dashboard.PAGE)] + sorted(target.glob("results.*.tsv")) + \
+        [s.home / STUDY_DB, s.home / ledger.LIBRARY_LOG]
 
 
 def new_session(settings, target, constants, state, profile=None):

@@ -18,9 +18,10 @@ import git
 import pandas as pd
 import pytest
 
+import agent
 import report
 from agent_target import STRICT, edit
-from harness import console, ledger, redact, runner, sandbox
+from harness import console, gitops, ledger, redact, runner, sandbox
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
 from helpers import (AGENT, REPO, LOWER_LR, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
@@ -545,6 +546,24 @@ def test_ctrl_c_while_agent_py_starts_is_a_clean_exit(target, after):
         assert proc.returncode == 130 and "Traceback" not in err + out, err
 
 
+def test_ctrl_c_inside_an_sdk_import_is_an_interrupt_not_a_traceback(target, capsys, monkeypatch):
+    """Ctrl-C while an SDK's classes are being made: Python 3.11 wraps the KeyboardInterrupt raised inside a
+    __set_name__ in `RuntimeError: Error calling __set_name__ ...`. Exit 130 with the interrupt's words."""
+    def importing(settings):
+        class Field:
+            def __set_name__(self, owner, name):
+                raise KeyboardInterrupt
+
+        class Model:            # what `import anthropic` does by the hundred
+            field = Field()
+        return Model
+    monkeypatch.setattr(agent, "make_proposer", importing)
+    assert agent.main(["--tag", "t", "--target", str(target), "--proposer", "anthropic"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "RuntimeError" not in err
+    assert err.endswith("agent.py: interrupted; nothing was recorded. Rerun the same command to resume.\n")
+
+
 def test_a_baseline_that_does_not_parse_stops_with_its_crash_under_random_and_speculation(target, capsys):
     """--proposer random proposes while the baseline trains: a train.py with a syntax error gives no idea (not a
     traceback from the perturbation), and the baseline's crash stops the loop with its reason."""
@@ -712,6 +731,42 @@ def test_a_damaged_object_of_a_discarded_candidate_is_named_and_the_tag_goes_on(
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "3") == 0
     assert [e["n"] for e in events(target, "unreadable")] == [2]                    # recorded once
+
+
+@pytest.mark.parametrize("where", ["add_note", "advance_branch"])
+def test_an_interrupt_right_after_a_keeps_event_says_what_is_recorded_and_the_next_start_completes_it(
+        target, capsys, monkeypatch, where):
+    """Ctrl-C right after the keep's event (before its note and row: add_note), or after them before the branch
+    moves (advance_branch): exit 130, and the words say what is on disk at that moment, not "at the best commit";
+    the next start writes what is missing and moves the branch."""
+    real = getattr(gitops, where)
+    calls = []
+
+    def interrupted(repo, commit, *rest):
+        if not calls and (where == "advance_branch" or " #1: keep" in rest[0]):
+            calls.append(commit)
+            raise KeyboardInterrupt
+        return real(repo, commit, *rest)
+    monkeypatch.setattr(gitops, where, interrupted)
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 130
+    err = capsys.readouterr().err
+    kept = events(target, "experiment")[1]
+    assert kept["status"] == "keep" and calls and "Traceback" not in err
+    main = sha(target, "main")[:7]
+    said = err.split("agent.py: interrupted; ")[1]
+    assert said.startswith(f"the last experiment, #1 (keep), is recorded in events.jsonl; autoresearch/t is still "
+                           f"at {main}, behind the last keep (#1, {kept['commit']})")
+    missing = "; its results.tsv row and its git note not written yet" if where == "add_note" else ""
+    assert said == (f"the last experiment, #1 (keep), is recorded in events.jsonl; autoresearch/t is still at {main}, "
+                    f"behind the last keep (#1, {kept['commit']}){missing}; the next start completes them. Rerun the "
+                    "same command to resume.\n")
+    assert len(rows(target)) == (1 if where == "add_note" else 2)
+    monkeypatch.setattr(gitops, where, real)
+    with ScriptedLLM([]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert sha(target, "autoresearch/t") == kept["full_commit"] and rows(target)[1].endswith("keep\traise LR")
+    assert "autoresearch t #1: keep" in gitops.note_of(git.Repo(target), kept["full_commit"])
 
 
 def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, monkeypatch):

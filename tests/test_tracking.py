@@ -12,7 +12,7 @@ import pytest
 import agent
 from agent_target import SECRET, STRICT, edit, make_curve_target, make_target
 from conftest import tiny_env
-from helpers import AGENT, events, rows
+from helpers import AGENT, events, rows, wait_for_run
 from harness import ledger
 from llm_server import ScriptedLLM
 
@@ -117,6 +117,40 @@ def test_a_store_mlflow_cannot_write_is_a_warning(tmp_path, store):
     assert "experiment #0 not tracked in sqlite:///" in warnings[0] and "make the store's directory" in warnings[0]
     assert "Traceback" not in done.stdout + done.stderr
     assert [e["where"] for e in events(target, "warning")] == ["mlflow"] * 3
+
+
+LOCK = """import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_store_locked_by_another_process_is_a_warning_and_its_libraries_stay_off_the_terminal(tmp_path):
+    """mlflow.db held under an exclusive lock by another process: MLflow and SQLAlchemy log their tracebacks (four
+    per experiment, before): they go to the tag's libraries.log, the terminal gets the harness's one warning per
+    experiment, and every experiment is recorded."""
+    target = make_target(tmp_path / "repo")
+    argv = [sys.executable, str(AGENT), "--tag", "t", "--target", str(target), "--timeout", "20", *STRICT,
+            "--no-holdout", "--proposer", "random", "--max-experiments", "1", "--mlflow"]
+    proc = subprocess.Popen(argv, env=quiet_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_run(target, 1, proc, timeout=120)          # the store is open: locked from now on, mid-run
+    locker = subprocess.Popen([sys.executable, "-c", LOCK, str(target / "mlflow.db")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert locker.stdout.readline() == "locked\n"
+        out, err = proc.communicate(timeout=300)
+    finally:
+        locker.kill()
+        locker.wait()
+    assert proc.returncode == 0, err
+    assert len(rows(target)) == 2 and events(target, "experiment")[1]["mlflow_run"] is None
+    warnings = [line for line in out.splitlines() if line.startswith("warning: mlflow:")]
+    assert len(warnings) == 1 and "database is locked" in warnings[0], out
+    assert "Traceback" not in out + err and "sqlalchemy" not in err.lower(), err
+    logged = (target / ".git" / "autoresearch" / "t" / ledger.LIBRARY_LOG).read_text()
+    assert "database is locked" in logged
 
 
 def test_mlflow_missing_is_said_once(tmp_path):
