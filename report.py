@@ -31,7 +31,7 @@ from matplotlib.ticker import MaxNLocator
 # the ledger's one reader, shared with agent.py (re-exported here for analysis.ipynb and older callers)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag, tag_state)
-from harness.ledger import baseline_of, epoch_of_row, hardware_events
+from harness.ledger import baseline_of, epoch_of_row, hardware_events, is_baseline
 from harness import curves, dashboard, hardware
 from harness.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
@@ -236,7 +236,7 @@ def format_kept(table, metric_name, runs=None, by=None):
 def proposers_of(events, tag=None):
     """({commit: who proposed it}, the line counting experiments and keeps per proposer) from the experiment events:
     an event's `by` (the hybrid's sampler, "llm override", "llm code"), else its proposer ("external": `try`)."""
-    exps = [e for e in experiment_events(events, tag) if e.get("n")]
+    exps = [e for e in experiment_events(events, tag) if e.get("n") and not is_baseline(e)]   # a baseline: no one's
     who = {e["commit"]: e.get("by") or e.get("proposer") or "?" for e in exps}
     counts = collections.Counter(who[e["commit"]] for e in exps)
     keeps = collections.Counter(who[e["commit"]] for e in exps if e["status"] == "keep")
@@ -558,8 +558,9 @@ def rule_of(run, baseline=None):
 
 def throughput_of(run):
     """Lines on how busy the devices were, one per invocation of agent.py's loop on the run's tag (its last
-    "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait. [] without
-    events or such figures (runs from before they were logged, `agent.py try`)."""
+    "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait (no label: the
+    report prints "throughput", the page its own). [] without events or such figures (runs from before they were
+    logged, `agent.py try`)."""
     lines, last = [], None
     for e in run.events or []:
         if run.tag is not None and e.get("tag") != run.tag:
@@ -570,7 +571,7 @@ def throughput_of(run):
         elif e.get("event") in ("throughput", "stop") and isinstance(e.get("busy"), dict):
             last = e
     lines += [last] if last is not None else []
-    return [f"throughput   {e['experiments_per_hour']:.1f} experiments/hour over {_duration(e['wall_s'])}; device busy "
+    return [f"{e['experiments_per_hour']:.1f} experiments/hour over {_duration(e['wall_s'])}; device busy "
             + ", ".join(f"{name} {share:.0%}" for name, share in e["busy"].items())
             + f"; proposal wait {e['proposal_wait_s']:.0f} device-seconds" for e in lines]
 
@@ -689,7 +690,7 @@ def main(argv=None):
         print()
         print(format_events(event_stats(run.events, run.tag)))
         for line in throughput_of(run):
-            print(line)
+            print(f"throughput   {line}")
     if args.holdout:
         print()
         try:

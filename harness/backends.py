@@ -46,12 +46,16 @@ class Spec:
 class Watch:
     """What a backend tells about a run in flight. started(pgid): it runs (pgid None for a remote one); tick(elapsed):
     about once a second (raises KeyboardInterrupt when the loop is stopping); event(name, **fields): one event of
-    the tag, for experiment spec.n; keep_artifact(path): the run's model artifact, for the holdout."""
+    the tag, for experiment spec.n; phase(name): what the run does now ("probing", "training", "evaluating"; a remote
+    run tells none); keep_artifact(path): the run's model artifact, for the holdout."""
 
     def started(self, pgid):
         pass
 
     def tick(self, elapsed):
+        pass
+
+    def phase(self, name):
         pass
 
     def event(self, name, **fields):
@@ -88,7 +92,7 @@ class Local:
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: s.wrap(argv, spec.run_dir, gpu)) if s.wrap else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
-            on_tick=watch.tick, cancel=spec.cancel,
+            on_tick=watch.tick, on_phase=watch.phase, cancel=spec.cancel,
             probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env})
             if spec.probe else None)
         try:

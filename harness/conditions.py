@@ -138,10 +138,11 @@ class Allowance:
     def words(self):
         """The allowance in a line, for the baseline's output and `try`."""
         slack = self.slack()
-        line = (f"wall-time allowance {self.seconds(self.base_probe):.0f}s for a {self.budget:g}s budget "
-                f"(overhead {self.overhead:.1f}s, "
-                f"{'scaled by the speed probe' if self.base_probe else 'not scaled: no speed probe'}); "
-                f"{slack:.1f}s ({slack / self.budget:.1%}) of compute outside the budget goes unnoticed")
+        line = (f"wall-time allowance: a run may take {self.seconds(self.base_probe):.0f}s, the {self.budget:g}s "
+                f"budget plus the {self.overhead:.1f}s of start-up and evaluation the baseline took ("
+                f"{'scaled by the speed probe' if self.base_probe else 'not scaled: no speed probe'}) plus slack; "
+                f"an edit that does work outside the budget (at import, or training past it) gains at most "
+                f"{slack:.1f}s ({slack / self.budget:.1%} of the budget) before its run is rejected as overtime")
         if not self.comparable:
             line += ("; at this smoke budget edits that move work to start-up or past the budget are not comparable "
                      "(start-up dominates, and its rows are labelled; the allowance is the lenient one)")

@@ -149,4 +149,27 @@ def clean_description(text):
     10s]", "[hw2]", any number of them) are removed: a description cannot pass for a smoke row or another hardware's.
     Invisible characters (INVISIBLE) are removed, not spaced: they show as nothing."""
     text = "".join(c if c.isprintable() else " " for c in INVISIBLE.sub("", text))
-    return LABELS.sub("", " ".join(text.split()))[:200]
+    return shorten(LABELS.sub("", " ".join(text.split())), DESCRIPTION_CHARS)
+
+
+DESCRIPTION_CHARS = 200     # a row's description: karpathy's rows are short, and the dashboard shows it whole
+
+
+def shorten(text, limit):
+    """text cut to at most limit characters at a word boundary, "..." marking the cut (a word longer than the limit
+    is cut inside). Unchanged when it fits."""
+    if len(text) <= limit:
+        return text
+    cut = text[:max(0, limit - 3)]
+    if " " in cut.strip() and not text[len(cut)].isspace():
+        cut = cut[:cut.rstrip().rfind(" ")]
+    return cut.rstrip() + "..."
+
+
+def with_reason(description, reason):
+    """A row's description with its reason in parentheses after it, the whole at most DESCRIPTION_CHARS: the reason
+    kept whole (it says why the row's metric is what it is) unless it alone leaves under 60 characters for the
+    description; both cut at word boundaries."""
+    room = max(60, DESCRIPTION_CHARS - len(reason) - 3)
+    head = shorten(description, room)
+    return f"{head} ({shorten(reason, DESCRIPTION_CHARS - len(head) - 3)})"

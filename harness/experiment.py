@@ -18,7 +18,7 @@ from pathlib import Path
 from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, sandbox, search,
                      tracking, verdict)
 from harness.backends import Local, Spec, Watch
-from harness.edits import clean_description
+from harness.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.proposers import Spend
@@ -84,6 +84,7 @@ class RunWatch(Watch):
 
     def __init__(self, s, spec, best=False):
         self.s, self.spec, self.best = s, spec, best
+        self.current, self.curve, self.offset = "training", curves.Curve(), 0
 
     def started(self, pgid):
         s, spec = self.s, self.spec
@@ -92,8 +93,27 @@ class RunWatch(Watch):
               device=spec.device.name if spec.device else None,
               sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off", best=self.best or None)
 
+    def phase(self, name):
+        self.current = name
+        self.tick(0.0)
+
     def tick(self, elapsed):
-        self.s.tick(self.spec.n, elapsed, self.spec.device)
+        phase = self.current
+        if phase == "training" and self.s.curves:   # a target that prints progress lines (its baseline did):
+            self.offset = curves.read_log(self.spec.log, self.curve, self.offset)   # start-up until the first one
+            phase = "training" if self.curve.points else "start-up"
+        self.s.tick(self.spec.n, elapsed, self.spec.device, phase, self.run_words())
+
+    def run_words(self):
+        """Which run of the experiment this is: "run 2 of 3" (the baseline), "run 1 of at most 4" (a candidate under
+        the paired rule), "the best's run at this seed"."""
+        s, spec = self.s, self.spec
+        if self.best:
+            return "the best's run at this seed"
+        if s.baseline_due:
+            return f"run {spec.run + 1} of {s.settings.baseline_runs}"
+        most = 1 + s.rule.confirm
+        return f"run {spec.run + 1} of {'at most ' if s.rule.is_paired and most > 1 else ''}{most}"
 
     def event(self, name, **fields):
         self.s.log(name, n=self.spec.n, **fields)
@@ -318,10 +338,8 @@ def record(s, result):
     if r.judged.remeasured:
         description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
     cancel = outcome.cancel if outcome.kind is Kind.CANCELLED else None
-    if r.why:                           # a cancel's suffix is kept whole: it says the row's 0.0 is no metric
-        end = f" ({r.why})"
-        description = clean_description(description)[:200 - len(end)] + end if cancel else \
-            clean_description(f"{description}{end}")
+    if r.why:                           # the reason kept whole: it says why the row's metric is what it is
+        description = with_reason(clean_description(description), clean_description(r.why))
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
     run = tracking.begin(s, r.n, idea)      # the MLflow run (--mlflow; None: off or failed)
@@ -352,7 +370,8 @@ def record(s, result):
     shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
     console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
     tracking.finish(s, run, event, r, log_path(s, r.n, r.fixes))
-    dashboard.refresh(s, live=s.settings.command == "loop", timeout_s=run_timeout(s).seconds())     # the page reloads itself while the loop runs
+    # the page reloads itself while the loop runs
+    dashboard.refresh(s, live=s.settings.command == "loop", timeout_s=run_timeout(s).seconds())
     return event
 
 

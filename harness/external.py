@@ -6,6 +6,7 @@ harness.experiment and the same rule of harness.verdict), then your checkout's t
 The verdict block it prints is key: value lines between '---' lines, like train.py's summary.
 """
 
+import statistics
 import time
 
 from harness import console, experiment, ledger, outer
@@ -150,8 +151,9 @@ def verdict(s, event, result, synced=True):
     then the log tail after a crash); result: the experiment.Result (None for the baseline). Returns 0."""
     best, rule = s.best_event, s.rule
     measured = has_metric(event)
-    near = measured and event["status"] == "discard" and event["n"] > 0 and rule.near_miss(event["metric"],
-                                                                                             event["base_metric"])
+    base = statistics.fmean(event["best_runs"]) if event.get("best_runs") else event.get("base_metric")
+    near = measured and event["status"] == "discard" and event["n"] > 0 and base is not None and \
+        rule.near_miss(event["metric"], base)   # the best at its own seeds, when paired
     lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the margin; worth "
                                                                         "combining with another idea)" if near else "")),
              (s.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
@@ -159,8 +161,8 @@ def verdict(s, event, result, synced=True):
     if event["n"] > 0 and measured and event.get("base_metric") is not None:
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
                                f"({event['base_metric']:.6f})"))
-    runs = event.get("runs") or []
-    if len(runs) > 1:                   # the baseline's (result None): its seeds differ
+    runs = event.get("runs") or ([event["metric"]] if measured else [])
+    if len(runs) > 1 or result is not None and runs:    # the baseline's (result None): its seeds differ
         judged = result.judged if result is not None else Verdict("keep", tuple(runs))
         lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({judged.runs_words(s.metric)})"))
     if event.get("best_runs"):
@@ -185,8 +187,9 @@ def verdict(s, event, result, synced=True):
                            if synced else "changed by you during the run: left as it is (see above)"),
               ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
               ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
+    if result is not None:
+        lines.append(("reason", result.why or rule.why(result.judged)))
     if result is not None and (event["status"] == "crash" or not result.kind.measured):   # or not judged
-        lines.append(("reason", result.why))
         if result.kind.fixable and event.get("fixes", 0) < MAX_FIXES:
             lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "
                           f"then `uv run agent.py try --tag {s.settings.tag} --fix -m \"<what you fixed>\"` (fix "

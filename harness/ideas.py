@@ -112,7 +112,10 @@ def propose(s, backlog, n, running, k=1):
         train=train_src, explore=explore and f"\n{explore}\n")
     if k > 1:
         prompt += WAVE_PROMPT.format(k=k)
-    s.status(n, "proposing" + (f" {k} ideas" if k > 1 else ""))
+    ahead = (f" ahead while {', '.join(f'#{j.n}' for j in sorted(running, key=lambda j: j.n))} "
+             f"{'trains' if len(running) == 1 else 'train'} (speculation)") if running else \
+        " ahead while the baseline trains (speculation)" if not s.history else ""
+    s.status(n, "proposing" + (f" {k} ideas" if k > 1 else "") + ahead)
     backlog.wave += 1
     found, llm = 0, backlog.proposer.is_llm
     if backlog.proposer.name == "hybrid":      # the sampler's points, each shown to the LLM (harness.hybrid)

@@ -66,6 +66,7 @@ class RunSpec:
     evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
+    on_phase: Callable = lambda phase: None  # called as the run moves on: "probing", "training", "evaluating"
     cancel: object = None                   # a curves.Watcher: training stops early when its rule says so
 
 
@@ -145,8 +146,11 @@ def run(spec):
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
+    if spec.probe:
+        spec.on_phase("probing")
     before = spec.probe() if spec.probe else (None, "")
     limit = timeout_s(spec.timeout, before[0])
+    spec.on_phase("training")
     try:
         rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
                                              run_env(spec), limit, spec.on_start, watched(spec, before[0]),
@@ -156,6 +160,8 @@ def run(spec):
         outcome = Outcome(spec.commit, None, 0.0, stopped.elapsed, cancel=stopped.cancel,
                           log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])))
         return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
+    if spec.probe and rc == 0:
+        spec.on_phase("probing")
     after = spec.probe() if spec.probe and rc == 0 else (None, "")   # a crash or a timeout is judged without it
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
@@ -240,6 +246,7 @@ def evaluate(spec, outcome):
             "data (without the sandbox its own number is checked against the evaluator's)"))
         return
     ev.setup()
+    spec.on_phase("evaluating")
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
         offset = log.tell()                 # the evaluator's output starts here, however long train.py's log was

@@ -163,9 +163,38 @@ def ensure_prepared(target, source=None):
     except SetupError as e:
         missing = str(e).splitlines()[-1]
     argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else [])
-    console.say(f"no prepared data ({missing[:200]}); preparing it now: {' '.join(['prepare.py', *argv[2:]])}")
-    if subprocess.run(argv, cwd=target, env=clean_env()).returncode != 0:    # its output and progress go to you
+    why = missing.removeprefix("error: ")
+    console.say(f"{'no prepared data on this machine' if why.startswith('no prepared data') else why[:200]}; "
+                f"preparing it now: {' '.join(['prepare.py', *argv[2:]])}")
+    if relay(argv, target, clean_env()) != 0:    # its output and progress go to you
         raise Stop("preparing the data failed (prepare.py's message is above). Fix that and rerun, or prepare "
                          "it yourself first (`uv run prepare.py --help`; offline: `uv run prepare.py --source PATH`), "
                          "or pass --source PATH")
     return run_prepare(target, "--check", timeout=600)
+
+
+def relay(argv, cwd, env):
+    """Run prepare.py with its output and progress relayed to the terminal as it comes (carriage-return progress
+    lines too), leaving out its advice for a human running it alone ("Next: uv run train.py ..."), which in the middle
+    of the loop or a `try` would tell you to do what the harness does next. Returns the exit code."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    pending = b""
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 4096):
+            pending += chunk
+            *done, pending = re.split(rb"(?<=[\r\n])", pending)
+            for segment in done:
+                sys.stdout.write(NEXT_ADVICE.sub("", segment.decode("utf-8", "replace")))
+            sys.stdout.flush()
+        sys.stdout.write(NEXT_ADVICE.sub("", pending.decode("utf-8", "replace")))
+        sys.stdout.flush()
+        return proc.wait()
+    finally:
+        if proc.poll() is None:         # Ctrl-C: prepare.py goes with us
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+NEXT_ADVICE = re.compile(r" ?Next: [^\r\n]*")     # prepare.py's last line, for a human who runs it alone

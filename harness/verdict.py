@@ -153,6 +153,27 @@ class Rule:
         """Whether metric beats best by more than the margin (strictly better with margin 0)."""
         return self.gain(metric, best) > self.margin
 
+    def why(self, judged):
+        """Why a keep or a discard with no reason of its own (judged: its Verdict) was decided so, for `try`'s
+        reason: line: the paired gain and t against the bar, or the margin."""
+        n, gain = len(judged.runs), judged.gain
+        if gain is None:
+            margin = f"by more than the margin {self.margin:.6f}" if self.margin else ""
+            return (f"kept: its {'mean' if n > 1 else 'run'} beat the best {margin}".rstrip() if judged.status == "keep"
+                    else f"not kept: its {'mean' if n > 1 else 'run'} did not beat the best {margin}".rstrip())
+        t = f", t {judged.t:.1f}" if judged.t is not None else ""
+        runs = f"{n} run{'s' if n > 1 else ''}"
+        if judged.status == "keep":
+            return (f"kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}), above the "
+                    f"one-sided t-test's bar at a false-keep rate of {self.false_keep:g}")
+        if gain <= 0:
+            return f"not kept: not better than the best's runs at the same seeds (mean gain {gain:+.6f}, {runs})"
+        if n == 1:
+            return (f"not kept: its first run beat the best's at the same seed by {gain:+.6f}, within "
+                    f"{FIRST_LOOK:g} paired sds: too close to be worth more runs")
+        return (f"not kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}) is not above "
+                f"the one-sided t-test's bar at a false-keep rate of {self.false_keep:g}: it may be noise")
+
     def near_miss(self, metric, base):
         """A discard within the margin of the best it was judged against: an idea worth combining with another."""
         return self.margin > 0 and abs(metric - base) <= self.margin
@@ -265,7 +286,7 @@ class Verdict:
                     "is the mean of its runs")
         if self.remeasured:
             return f"judged against the best re-run now ({self.best[0]:.6f}), the machine's speed had changed"
-        return f"seeds differ; {metric} is their mean"
+        return f"seeds differ; {metric} is their mean" if len(self.runs) > 1 else "one run: it decides"
 
 
 def sd_floor(metric, runs, eval_summary, declared=None):

@@ -78,7 +78,7 @@ if __name__ == "__main__":
         if "--source" in sys.argv and not Path(sys.argv[sys.argv.index("--source") + 1]).exists():
             print("prepare.py: error: no such --source", file=sys.stderr)
             sys.exit(1)
-        print("Data: prepared", " ".join(sys.argv[1:]))
+        print("Data: prepared", " ".join(sys.argv[1:]) + ". Next: uv run train.py (one run)")
         ready.touch()
 '''
 

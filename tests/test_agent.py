@@ -241,19 +241,22 @@ def test_ratchet_branch_checked_out_is_refused(target, capsys):
 
 
 def test_a_fresh_machine_prepares_its_data_first(target, capfd, tmp_path):
-    """No prepared data: agent.py runs prepare.py (with --source when given) and goes on; a failure stops with its
-    message and changes nothing."""
+    """No prepared data: agent.py runs prepare.py (with --source when given) and goes on, its output relayed
+    without its advice for a human running it alone ("Next: uv run train.py"); a failure stops with its message and
+    changes nothing."""
     ready = Path(os.environ["AUTORESEARCH_CACHE"]) / "ready"
     ready.unlink()
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--source", str(tmp_path / "absent")) == 1
     out, err = capfd.readouterr()
-    assert "run `python prepare.py` first); preparing it now: prepare.py --source" in out
-    assert "prepare.py: error: no such --source" in err and "preparing the data failed" in err
+    assert "no prepared data on this machine; preparing it now: prepare.py --source" in out and "error: no prepared" \
+        not in out
+    assert "prepare.py: error: no such --source" in out and "preparing the data failed" in err
     assert "autoresearch/t" not in git.Repo(target).heads and not ready.exists()
     (tmp_path / "corpus").mkdir()
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "0",
                      "--source", str(tmp_path / "corpus")) == 0
-    assert f"Data: prepared --source {tmp_path / 'corpus'}" in capfd.readouterr().out and ready.exists()
+    out = capfd.readouterr().out
+    assert f"Data: prepared --source {tmp_path / 'corpus'}.\n" in out and "Next:" not in out and ready.exists()
     assert len(rows(target)) == 1
 
 

@@ -266,8 +266,8 @@ def test_cancel_off_trains_every_run_to_the_end_and_a_resume_keeps_the_reference
         assert loop(target, llm, "--max-experiments", "2", rule=()) == 0    # resumed: the baseline's curves are read
     last = rows(target)[-1].split("\t")                                      # from beside their logs
     assert rows(target)[1].split("\t")[3:] == ["discard", "LR way up"] and last[3] == "discard"
-    assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith(" (cancelled at 75%)")
-    assert len(last[4]) == 200
+    assert last[4].startswith("LR to 0.9 and a long") and last[4].endswith("... (cancelled at 75%)")
+    assert len(last[4]) <= 200 and last[4].split("...")[0].split()[-1] in ("and", "a", "long", "story")
     assert "cancelled" in report_text(target) and "best         1.108000" in report_text(target)
     assert [(e["n"], e["paired"]) for e in events(target, "cancel")] == [(2, True)]   # its seed's baseline run
 

@@ -43,6 +43,22 @@ def test_control_characters_never_reach_git_results_or_the_terminal(target, caps
     assert clean_description("a\tb\r\nc\u200bd\x7fe") == "a b cd e"    # DEL too; a zero-width space is removed
 
 
+def test_descriptions_are_cut_at_a_word_boundary_and_the_reason_is_kept_whole():
+    """A 200-character row: the idea cut between words with "...", its reason in parentheses whole (cut mid-word and
+    mid-parenthesis before); a reason so long it would leave under 60 characters is cut too, its parenthesis closed."""
+    from harness.edits import shorten, with_reason
+    idea = "halve the learning rate of the embedding (with a longer warmup) " * 5
+    reason = "rejected: train.py ran 83.1s, more than the budget plus the start-up and evaluation allowance (80.0s)"
+    row = with_reason(clean_description(idea), reason)
+    assert len(row) <= 200 and row.endswith(f"... ({reason})")
+    assert row.startswith("halve the learning rate") and row[:-len(reason) - 6].split()[-1] in idea.split()
+    assert clean_description(idea).endswith("...") and len(clean_description(idea)) <= 200
+    assert clean_description(idea)[:-3].split()[-1] in idea.split()
+    assert shorten("short", 10) == "short" and shorten("abcdefghijklmnop", 10) == "abcdefg..."
+    long = with_reason("idea " * 30, "x " * 200)
+    assert len(long) <= 200 and long.endswith("...)") and long.startswith("idea idea") and len(long.split(" (")[0]) > 50
+
+
 SECRETS = {"HF_TOKEN": "hf_abcdefghijklmnopqrst", "WANDB_API_TOKEN": "wandb-0123456789abcdef",
            "AWS_SECRET_ACCESS_KEY": "aws/Secret+0123456789", "DB_PASSWORD": "correct-horse-battery",
            "GITHUB_PAT": "ghp_0123456789abcdefghij", "MY_OWN_SETTING": "not-for-train-py-4242"}
@@ -639,8 +655,12 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys):
     with ScriptedLLM([slow, RAISE_LR]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "2") == 0
     out = capsys.readouterr().out
-    training = [line for line in out.splitlines() if line.startswith("exp 1 | training")]
+    training = [line for line in out.splitlines() if line.startswith("exp 1 | run 1 of 1, training")]
     assert 1 <= len(training) <= 2, training
+    phases = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("exp 1 | ")]
+    assert [p.split(", ")[-1].split(" ")[0] for p in phases if p.startswith("run 1 of 1, ")][:2] == ["probing",
+                                                                                                  "training"]
+    assert any(p.startswith("run 1 of 1, evaluating") for p in phases)
 
 
 def test_a_candidate_redone_under_two_numbers_is_measured_once(target):

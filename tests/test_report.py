@@ -3,6 +3,7 @@
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.image
 import nbformat
@@ -258,3 +259,17 @@ def test_example_file_reads_as_documented():
     s = report.summarize(run.rows, run.metric_name, run.goal)
     assert run.goal == "min" and run.skipped == [] and all(len(r.commit) == 7 for r in run.rows)
     assert s.counts == {"keep": 7, "discard": 6, "crash": 2} and s.baseline == 0.997912 and s.best == 0.985473
+
+
+def test_proposers_leave_out_every_baseline_and_throughput_lines_carry_no_label():
+    """A re-baseline on new hardware (n 3, `rebaseline`) is no proposer's experiment; the throughput line is its
+    figures only (the report prints the label, the page its own: "throughput: throughput ..." before)."""
+    events = [dict(event="experiment", tag="t", n=n, commit=f"c{n}", status=status, proposer="tpe", **extra)
+              for n, status, extra in ((0, "keep", {}), (1, "keep", {}), (2, "discard", {}),
+                                       (3, "keep", dict(rebaseline=True, description="baseline on new hardware")))]
+    who, line = report.proposers_of(events, "t")
+    assert line == "proposed by  tpe 2 (1 kept)" and set(who) == {"c1", "c2"}
+    run = SimpleNamespace(tag="t", events=[dict(event="throughput", tag="t", experiments_per_hour=12.0, wall_s=600.0,
+                                                busy={"cuda:0": 0.9}, proposal_wait_s=3.0)])
+    assert report.throughput_of(run) == ["12.0 experiments/hour over 10m00s; device busy cuda:0 90%; proposal wait "
+                                         "3 device-seconds"]

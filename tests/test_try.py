@@ -56,6 +56,7 @@ def test_baseline_then_keep_discard_crash_and_fix(target, capsys):
     keep = events(target, "experiment")[1]
     assert (value(out, "status"), value(out, "val_bpb")) == ("keep", "1.008000")
     assert value(out, "delta") == "-0.100000 vs the best before it (1.108000)"
+    assert value(out, "reason") == "kept: its run beat the best"
     assert rows(target)[1] == f"{keep['commit']}\t1.008000\t0.0\tkeep\traise LR to 0.05"
     assert sha(target, "autoresearch/t") == keep["full_commit"]
     assert git.Repo(target).commit(keep["full_commit"]).parents[0].hexsha == head
@@ -67,6 +68,8 @@ def test_baseline_then_keep_discard_crash_and_fix(target, capsys):
     out = capsys.readouterr().out
     assert (value(out, "status"), value(out, "val_bpb")) == ("discard", "1.208000")
     assert value(out, "best").startswith("1.008000 (#1")
+    assert (value(out, "runs"), value(out, "reason")) == ("1.208000 (one run: it decides)",
+                                                          "not kept: its run did not beat the best")
     assert "LR = 0.05" in (target / "train.py").read_text()          # restored to the best
     assert sha(target, "autoresearch/t") == keep["full_commit"]
 

@@ -413,3 +413,23 @@ def test_the_words_of_the_paired_rule_name_its_test_its_rate_and_its_runs():
     assert "after 2 to 4 runs" in words and "speed probe" in words and "margin" not in words
     assert Rule("min", confirm=0, paired=True).words() == STRICT.words()      # --confirm 0: the strict ratchet
     assert (PAIRED.name, NOISY.name, STRICT.name) == ("paired", "margin", "strict")
+
+
+def test_every_verdict_says_why_in_words():
+    """`try`'s reason: line for a keep or a discard with no reason of its own (a discard that looked 2.6 sds better
+    with no reason read as a bug): the paired gain and t against the bar, the first look, or the margin."""
+    kept, _ = paired((0.25, 0.25), best=Best(BEST))
+    assert PAIRED.why(kept) == ("kept: mean gain +0.250000 over the best's runs at the same seeds (2 runs, t 5.7), "
+                                "above the one-sided t-test's bar at a false-keep rate of 0.02")
+    capped, _ = paired((0.09375, 0.0625, 0.0625, 0.0625))
+    assert PAIRED.why(capped).startswith("not kept: mean gain +0.070312 over the best's runs at the same seeds (4 runs, "
+                                         "t ") and PAIRED.why(capped).endswith("at a false-keep rate of 0.02: it may "
+                                                                               "be noise")
+    first, _ = paired((0.0625,))
+    assert PAIRED.why(first) == ("not kept: its first run beat the best's at the same seed by +0.062500, within 1.25 "
+                                 "paired sds: too close to be worth more runs")
+    worse, _ = paired((0.25, -0.5))
+    assert PAIRED.why(worse) == "not kept: not better than the best's runs at the same seeds (mean gain -0.125000, 2 runs)"
+    margin = Rule("min", confirm=1, noise_sd=0.25, noise_runs=3)
+    assert margin.why(judge(run(1.75), Runs(run(2.0)), margin, 2.0)) == ("not kept: its run did not beat the best by "
+                                                                         "more than the margin 0.500000")
