@@ -184,6 +184,23 @@ class Watcher:
         return look
 
 
+IDLE_POINTS = 3        # a curve says a run did not train only from this many progress points on
+
+
+def idle(curve):
+    """Words when a run's curve says it did not train, else "": its learning-rate multiplier 0 at every point (the
+    schedule, not the model, took the budget), or its loss never moved (to 1e-6 of its size). Needs IDLE_POINTS."""
+    points = curve.points if curve is not None else []
+    if len(points) < IDLE_POINTS:
+        return ""
+    if all(q.lrm == 0 for q in points):
+        return "did not train: its learning-rate multiplier was 0 throughout"
+    losses = [q.loss for q in points]
+    if max(losses) - min(losses) <= 1e-6 * max(1.0, abs(losses[0])):
+        return f"did not train: its loss stayed at {losses[0]:g} throughout"
+    return ""
+
+
 def number(text):
     """float(text), None when it is not a finite number."""
     try:

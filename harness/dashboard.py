@@ -348,13 +348,18 @@ function render() {
                         + (D.epochs > 1 ? " hw" + r.epoch : "");
     const cells = [[r.n, "num"], [shownStatus, r.status],
                    [fmt(r.metric), "num"], [signed(r.delta), "num " + better],
-                   [r.runs.length ? r.runs.length : "-", "num"], [fmt(mine(D.margins, r.epoch)), "num"],
+                   [r.runs.length ? r.runs.length : "-", "num"], [judgedBy(r), "num"],
                    [r.wall === null ? "-" : fmt(r.wall, 0) + " s", "num"], [r.by || "-", ""], [r.idea, "idea"]];
     for (const [v, cls] of cells) tr.append(el("td", v, cls));
     tr.addEventListener("click", () => setState({...state(), n: state().n === r.i ? null : r.i}));
     body.append(tr);
   }
   detail(s.n === null ? null : D.rows[s.n]);
+}
+function judgedBy(r) {        // the verdict's own numbers: the paired gain and t, else the margin of its epoch
+  if (r.gain !== null && r.gain !== undefined) return signed(r.gain) + (r.t === null ? "" : ", t " + fmt(r.t, 1));
+  const m = mine(D.margins, r.epoch);
+  return m === null || m === undefined ? "-" : "margin " + fmt(m);
 }
 function diffView(textValue) {
   const pre = el("pre", null, "diff");
@@ -376,6 +381,9 @@ function curveView(r) {
   const base = mine(D.curves, mine(D.baselines, r.epoch));          // the baseline of the row's hardware epoch
   if (!own && !best && !base) return el("p", "no learning curve: train.py printed no progress lines, or the run is "
                                         + "not among those whose curves the page carries", "muted");
+  const most = Math.max(...[own, best, base].filter(c => c).flatMap(c => c.runs.map(run => run.length)));
+  if (most < 2) return el("p", "too few progress points to draw a learning curve: each run printed at most one "
+                          + "progress line", "muted");
   const W = 680, H = 280, L = 56, R = 12, T = 12, B = 34;
   const ys = [];
   for (const c of [own, best]) if (c) for (const run of c.runs) for (const p of run) if (p[0] >= 0.1) ys.push(p[1]);
@@ -421,8 +429,8 @@ function curveView(r) {
   }
   if (best && r.base !== r.commit) line(best.mean, {stroke: "#2a2", "stroke-width": 2, class: "best"});
   if (own) for (const run of own.runs) line(run, {stroke: "#15c", "stroke-width": 1.5, class: "own"});
-  const legend = [["#15c", "this experiment's runs"], ["#2a2", "its base's runs (mean)"],
-                  ["#999", "baseline runs: mean +- 1 sd"]];
+  const legend = [[own, "#15c", "this experiment's runs"], [best && r.base !== r.commit, "#2a2", "its base's runs (mean)"],
+                  [base && base.mean.length, "#999", "baseline runs: mean +- 1 sd"]].filter(l => l[0]).map(l => l.slice(1));
   legend.forEach(([color, words], k) => {
     g.append(svg("rect", {x: W - R - 190, y: T + 6 + 14 * k, width: 10, height: 3, fill: color}));
     const t = svg("text", {x: W - R - 176, y: T + 11 + 14 * k, "font-size": 10});
@@ -484,7 +492,7 @@ BODY = """<h1 id="title">autoresearch</h1>
 <option>crash</option></select><input id="q" placeholder="search ideas or commits" size="30">
 <button id="prev">&larr; newer</button><button id="next">older &rarr;</button><span id="pageinfo"></span></div>
 <div id="detail" hidden></div>
-<table><thead><tr><th>n</th><th>status</th><th>{metric}</th><th>delta</th><th>runs</th><th>margin</th><th>wall</th>
+<table><thead><tr><th>n</th><th>status</th><th>{metric}</th><th>delta</th><th>runs</th><th>judged by</th><th>wall</th>
 <th>proposed by</th><th>idea</th></tr></thead><tbody id="rows"></tbody></table>
 <h2>Kept commits, in order</h2>
 <ol id="kept"></ol>

@@ -338,8 +338,10 @@ def record(s, result):
     if r.judged.remeasured:
         description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
     cancel = outcome.cancel if outcome.kind is Kind.CANCELLED else None
-    if r.why:                           # the reason kept whole: it says why the row's metric is what it is
-        description = with_reason(clean_description(description), clean_description(r.why))
+    runs_curves = list(s.curves.get(outcome.commit[:7], {}).values())
+    still = curves.idle(runs_curves[0]) if runs_curves and all(curves.idle(c) for c in runs_curves) else ""
+    if r.why or still:                  # the reason kept whole: it says why the row's metric is what it is
+        description = with_reason(clean_description(description), clean_description(r.why or still))
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
     run = tracking.begin(s, r.n, idea)      # the MLflow run (--mlflow; None: off or failed)
@@ -357,7 +359,8 @@ def record(s, result):
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
                   gain=r.judged.gain, noise_sd=r.noise_sd, retried=r.judged.retried or None,
                   cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run,
-                  hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, **r.fields)
+                  hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, idle=still or None,
+                  **r.fields)
     gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
     s.expect_ref(gitops.NOTES_REF)
     ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))

@@ -189,6 +189,8 @@ def verdict(s, event, result, synced=True):
               ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
     if result is not None:
         lines.append(("reason", result.why or rule.why(result.judged)))
+    if event.get("idle"):               # its curve: the schedule or the loss says nothing was learned
+        lines.append(("training", event["idle"]))
     if result is not None and (event["status"] == "crash" or not result.kind.measured):   # or not judged
         if result.kind.fixable and event.get("fixes", 0) < MAX_FIXES:
             lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "

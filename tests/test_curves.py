@@ -422,3 +422,27 @@ def test_report_leaves_out_the_placeholder_of_cancelled_rows_by_event_or_by_suff
     by_event = report.without_cancelled(rows_, [{"event": "experiment", "commit": "b" * 7, "cancelled": {"at": 0.55}},
                                                 {"event": "experiment", "commit": "c" * 7}])
     assert [r.metric for r in by_event][2] == 1.3 and math.isnan(by_event[1].metric)   # an idea named so is a row
+
+
+def test_a_run_that_did_not_train_says_so_in_its_row_and_block(tmp_path, monkeypatch, capsys):
+    """A schedule whose learning-rate multiplier is 0 at every progress line: the row and `try`'s block say the run
+    did not train (its metric alone would read as an idea that did nothing); an unchanged curve of losses too."""
+    from agent_target import STRICT, make_curve_target
+    from conftest import tiny_env
+    tiny_env(tmp_path, monkeypatch)
+    target = make_curve_target(tmp_path / "repo", 2)
+    tried = ["try", "--tag", "t", "--target", str(target), "--timeout", "30", *STRICT]
+    assert agent.main([*tried, "--baseline"]) == 0
+    path = target / "train.py"
+    path.write_text(path.read_text().replace("lrm = min(1.0, p / WARMUP) if WARMUP > 0 else 1.0", "lrm = 0.0"))
+    capsys.readouterr()
+    assert agent.main([*tried, "-m", "a schedule that never starts"]) == 0
+    out = capsys.readouterr().out
+    assert "training:     did not train: its learning-rate multiplier was 0 throughout" in out
+    assert rows(target)[-1].endswith("\ta schedule that never starts (did not train: its learning-rate multiplier "
+                                     "was 0 throughout)")
+    assert events(target, "experiment")[-1]["idle"] == "did not train: its learning-rate multiplier was 0 throughout"
+    flat = curves.Curve([curves.Point(p / 10, 3.25, 1.0, None) for p in range(1, 6)])
+    moving = curves.Curve([curves.Point(p / 10, 3.25 - p / 100, 1.0, None) for p in range(1, 6)])
+    assert curves.idle(flat) == "did not train: its loss stayed at 3.25 throughout" and curves.idle(moving) == ""
+    assert curves.idle(curves.Curve(flat.points[:2])) == ""                         # too few points to say

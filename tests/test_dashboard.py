@@ -127,6 +127,7 @@ def test_page_in_a_real_browser_shows_table_curve_and_diff_and_runs_no_planted_s
     assert '<span class="add">+# &lt;/script&gt;&lt;script&gt;' in detail      # the diff, as text
     kept = re.search(r'<ol id="kept">(.*?)</ol>', dom, re.S).group(1)
     assert kept.count("<li>") == 2 and "raise LR to 0.02" in kept
+    assert "<th>judged by</th>" in dom and re.search(r"<td[^>]*>margin 0\.020000</td>", body)   # the margin rule's
     crash = browse(page, "#n=3", tmp_path)
     assert "RuntimeError: &lt;b&gt;oom&lt;/b&gt;\u241b[0m" in crash              # the log tail, as text
 
@@ -236,3 +237,24 @@ def test_what_a_hostile_review_broke_now_renders(tmp_path):
     dashboard.write_atomic(target / dashboard.PAGE, "page")
     assert victim.read_text() == "precious" and (target / dashboard.PAGE).read_text() == "page"
     assert report.main([str(target), "--html", str(tmp_path / "no" / "such" / "dir.html")]) == 2
+
+
+def test_a_curve_of_too_few_points_is_said_not_drawn_and_the_paired_verdict_shows_its_numbers(tmp_path):
+    """Every run printed one progress line: the detail says so instead of an empty box with a legend for lines that
+    are not there; a paired verdict's row shows its gain and t in the table (not the margin rule's column)."""
+    target = planted_run(tmp_path)
+    for log in (tmp_path / "logs").glob("*.log"):
+        if curves.load(log) is not None:
+            curves.save(curve_of([3.0]), log)
+    lines = (target / "events.jsonl").read_text().splitlines()
+    for k, line in enumerate(lines):
+        e = json.loads(line)
+        if e.get("event") == "experiment" and e["n"] == 2:
+            lines[k] = json.dumps({**e, "gain": -0.01, "t": -1.5, "best_runs": [0.98], "verdict": "paired"})
+    (target / "events.jsonl").write_text("\n".join(lines) + "\n")
+    assert report.main([str(target), "--html"]) == 0
+    dom = browse(target / dashboard.PAGE, "#n=2", tmp_path)
+    detail = re.search(r'<div id="detail">(.*?)</div>', dom, re.S).group(1)
+    assert "too few progress points to draw a learning curve" in detail and "<svg" not in detail
+    body = re.search(r'<tbody id="rows">(.*?)</tbody>', dom, re.S).group(1)
+    assert re.search(r"<td[^>]*>-0\.010000, t -1\.5</td>", body)
