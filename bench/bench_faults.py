@@ -12,12 +12,18 @@ After every stop and at the end it checks what a user is promised:
     redone      interrupted candidates run again without asking the LLM ("redo" events)
 
 Every 4th idea crashes (a missing import) and is sent back for a fix, which the LLM gives: a crash row, then the fix
-as the next experiment, under the same faults.
+as the next experiment, under the same faults. The tabu is off (its ideas all raise LR: the tabu would refuse them
+and the breaker stop the loop, which is not what this measures).
+
+The moments of the stops come from the machine's own timings: a first, unfaulted invocation measures the start-up
+(launch to the baseline's first run) and the seconds per experiment after it; each stop then lands at a uniform
+moment between half the start-up and the start-up plus three experiments. Where each stop landed is read from the
+events it left (start-up, proposing/committing, training/evaluating, judging, recording) and tabulated.
 
     python bench/bench_faults.py                       # 30 faults
     python bench/bench_faults.py --faults 90 --seed 3
 
-Goal: 0 lost, 0 duplicated, 0 tracebacks; each resume consistent.
+Goal: 0 lost, 0 duplicated, 0 tracebacks; each resume consistent; stops in every phase.
 """
 
 import argparse
@@ -97,6 +103,53 @@ def check(target, tag):
     return problems, sum(c - 1 for c in blobs.values())
 
 
+def event_lines(target):
+    """The events.jsonl lines as dicts ([] before the file exists; a line cut by a kill skipped)."""
+    path = target / "events.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return found
+
+
+def phase_at_stop(since):
+    """Where a stop landed, from the events its invocation wrote (since: those events, in order)."""
+    if not any(e.get("event") == "config" for e in since):
+        return "start-up"
+    open_runs = set()
+    for e in since:
+        key = (e.get("n"), e.get("fix", 0), e.get("run", 0), e.get("best"))
+        if e.get("event") == "run":
+            open_runs.add(key)
+        elif e.get("event") == "run_end":
+            open_runs.discard(key)
+    if open_runs:
+        return "training/evaluating"
+    last = next((e["event"] for e in reversed(since) if e.get("event") not in ("throughput", "warning", "stop")), "")
+    return {"run_end": "judging", "experiment": "recording", "advanced": "recording", "rerun_best": "judging",
+            "propose": "proposing/committing", "candidate": "proposing/committing",
+            "commit": "proposing/committing"}.get(last, f"other ({last})")
+
+
+def calibrate(argv, target, env):
+    """(seconds from launch to the baseline's first run, seconds per experiment after it), from an unfaulted
+    invocation that records the baseline and 3 experiments."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv + ["--max-experiments", "3"], cwd=target, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    first = None
+    while proc.poll() is None:
+        if first is None and any(e.get("event") == "run" for e in event_lines(target)):
+            first = time.monotonic() - t0
+        time.sleep(0.05)
+    total = time.monotonic() - t0
+    first = first or total / 2
+    return first, (total - first) / 4
+
+
 def main():
     """Run the campaign and print its table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -119,15 +172,18 @@ def main():
         with IdeaLLM(args.latency) as llm:
             argv = [sys.executable, str(ROOT / "agent.py"), "--tag", "k", "--target", str(target), "--timeout", "30",
                     *STRICT, "--proposer", "anthropic", "--base-url", llm.anthropic_url, "--devices", "cpu:2",
-                    "--no-holdout"]
+                    "--no-holdout", "--tabu", "0"]
+            start_up, per_experiment = calibrate(argv, target, env)
+            counts["calibration: start-up s"] = round(start_up, 1)
+            counts["calibration: s per experiment"] = round(per_experiment, 1)
             for i in range(args.faults + 1):
                 last = i == args.faults
                 extra = ["--max-experiments", str(len(events_of(target)) + 2)] if last else []
                 proc = subprocess.Popen(argv + extra, cwd=target, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-                kind = None
+                kind, before = None, len(event_lines(target))
                 if not last:
-                    time.sleep(rng.uniform(1.0, 8.0))
+                    time.sleep(rng.uniform(start_up / 2, start_up + 3 * per_experiment))
                     kind = rng.choice(["kill -9", "ctrl-c (group)", "sigterm"])
                     if proc.poll() is None:
                         if kind == "kill -9":
@@ -143,6 +199,8 @@ def main():
                     _, err = proc.communicate()
                     counts["hung"] += 1
                 counts[kind or "final run"] += 1
+                if kind is not None:
+                    counts[f"stopped in: {phase_at_stop(event_lines(target)[before:])}"] += 1
                 counts["tracebacks"] += "Traceback" in err
                 if "Traceback" in err or kind in ("sigterm", "ctrl-c (group)") and proc.returncode not in (130, None):
                     print(f"stop {i} ({kind}), exit {proc.returncode}:\n{err[-3000:]}", file=sys.stderr)
