@@ -131,7 +131,7 @@ def phase_at_stop(since):
     last = next((e["event"] for e in reversed(since) if e.get("event") not in ("throughput", "warning", "stop")), "")
     return {"run_end": "judging", "experiment": "recording", "advanced": "recording", "rerun_best": "judging",
             "propose": "proposing/committing", "candidate": "proposing/committing",
-            "commit": "proposing/committing"}.get(last, f"other ({last})")
+            "commit": "proposing/committing", "started": "exporting/probing"}.get(last, f"other ({last})")
 
 
 def calibrate(argv, target, env):
