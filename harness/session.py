@@ -162,11 +162,15 @@ class Session:
     def tick(self, n, elapsed, device=None, phase="training", run=""):
         """A run's tick (about once a second, and when its phase changes): the status line names the run ("run 1 of
         3"), its phase ("probing" the speed, "start-up" until train.py's first progress line, "training" against the
-        budget, "evaluating" in the separate evaluator) and how far it is."""
+        budget, "finishing" past it, "evaluating" in the separate evaluator) and how far it is."""
         if self.pool is not None and self.pool.cancel.is_set():   # the loop is stopping: the runner kills this run
             raise KeyboardInterrupt
         where = f" on {device.name}" if device is not None and device.name != "default" else ""
-        clock = console.fmt_duration(elapsed) + (f"/{console.fmt_duration(self.budget)}" if phase == "training" else "")
+        if phase == "training" and elapsed > self.budget:     # its last step, its own evaluation, the artifact
+            phase = "finishing"
+        clock = console.fmt_duration(elapsed) + (f"/{console.fmt_duration(self.budget)}" if phase == "training" else
+                                                 f" (past the {console.fmt_duration(self.budget)} budget)"
+                                                 if phase == "finishing" else "")
         self.status(n, f"{run + ', ' if run else ''}{phase}{where}{'' if phase == 'probing' else ' ' + clock}")
 
     def status(self, n, phase):

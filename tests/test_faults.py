@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import git
@@ -21,7 +22,7 @@ import pytest
 import agent
 import report
 from agent_target import STRICT, edit
-from harness import console, gitops, ledger, redact, runner, sandbox
+from harness import console, gitops, ledger, redact, runner, sandbox, session
 from harness.edits import clean_description
 from llm_server import ScriptedLLM
 from helpers import (AGENT, REPO, LOWER_LR, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
@@ -661,6 +662,12 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys):
     assert [p.split(", ")[-1].split(" ")[0] for p in phases if p.startswith("run 1 of 1, ")][:2] == ["probing",
                                                                                                   "training"]
     assert any(p.startswith("run 1 of 1, evaluating") for p in phases)
+    s = types.SimpleNamespace(budget=60.0, pool=None)
+    said = []
+    s.status = lambda n, phase: said.append(phase)
+    for elapsed in (30.0, 65.0):
+        session.Session.tick(s, 2, elapsed, None, "training", "run 1 of 3")
+    assert said == ["run 1 of 3, training 0:30/1:00", "run 1 of 3, finishing 1:05 (past the 1:00 budget)"]
 
 
 def test_a_candidate_redone_under_two_numbers_is_measured_once(target):
