@@ -34,14 +34,14 @@ import time
 from pathlib import Path
 
 from harness import checks, cluster, console, experiment, ideas, ledger, search
-from harness.errors import SetupError, Stop
+from harness.errors import SetupError, Stop, from_interrupt
 from harness.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
 from harness.pool import Pool
 from harness.proposers import Spend, make_proposer
 from harness.prompts import SYSTEM_PROMPT, goal_word
 from harness.runner import become_subreaper
-from harness.session import RUN_LOG, left_behind, open_session
+from harness.session import RUN_LOG, interrupt_words, open_session
 from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, parse  # noqa: F401  (the loop's rules, stated there)
 from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 
@@ -264,44 +264,14 @@ def main(argv=None):
             raise
         console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")
         return 1
-    except KeyboardInterrupt:
-        return interrupted(s, settings)
-    except Exception as e:              # Ctrl-C inside an import, wrapped by Python (`Error calling __set_name__`)
+    except (KeyboardInterrupt, Exception) as e:     # Ctrl-C, also inside an import (wrapped by Python)
         if not from_interrupt(e):
             raise
-        return interrupted(s, settings)
+        log_stop(s, "interrupted", "interrupted")
+        print(f"\nagent.py: interrupted; {interrupt_words(s, settings)}.", file=sys.stderr)
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
-
-
-def interrupted(s, settings):
-    """Ctrl-C or SIGTERM: the stop event, the words of what is recorded, exit code 130."""
-    log_stop(s, "interrupted", "interrupted")
-    print(f"\nagent.py: interrupted; {after_interrupt(s, settings)}.", file=sys.stderr)
-    return 130
-
-
-def from_interrupt(e):
-    """Whether exception e was caused by a KeyboardInterrupt (Python 3.11 wraps one raised inside a class body's
-    __set_name__, as an SDK's import can be, in a RuntimeError)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def after_interrupt(s, settings):
-    """What an interrupt left behind, in words."""
-    if settings.command == "loop":
-        return f"{left_behind(s) if s else 'nothing was recorded'}. Rerun the same command to resume"
-    recorded = left_behind(s, s.recording) if s and s.recording is not None else None
-    if recorded is None:
-        return "no result was recorded and train.py in your checkout is as you left it. Rerun the same command"
-    return (f"{recorded}; train.py in your checkout may not be the best: `uv run agent.py try --tag {settings.tag} "
-            "--sync`")
 
 
 def log_stop(s, event, reason):

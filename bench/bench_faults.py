@@ -223,7 +223,7 @@ def main():
                     counts["duplicated (total so far)"] = duplicated
                     for problem in problems:
                         print(f"after stop {i} ({kind}): {problem}", file=sys.stderr)
-            events = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
+            events = event_lines(target)
             counts["experiments recorded"] = len([e for e in events if e["event"] == "experiment"])
             counts["redo events (candidates run again, no LLM call)"] = len([e for e in events if e["event"] == "redo"])
             counts["crashes recorded"] = len([e for e in events if e["event"] == "experiment" and e["status"] == "crash"])
@@ -239,10 +239,7 @@ def main():
 
 def events_of(target):
     """The experiment events so far."""
-    path = target / "events.jsonl"
-    if not path.exists():
-        return []
-    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "experiment"]
+    return [e for e in event_lines(target) if e.get("event") == "experiment"]
 
 
 if __name__ == "__main__":

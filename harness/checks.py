@@ -81,7 +81,8 @@ def readable(s):
         s.repo.git.clear_cache()
         if e.get("status") != "keep":
             unreadable[e["n"]] = said
-            s.prints.pop(e["n"], None), s.blobs.pop(e["n"], None)
+            s.prints.pop(e["n"], None)
+            s.blobs.pop(e["n"], None)
             continue
         raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
                          f"({e['commit']}: {said}) of tag {s.settings.tag!r}: objects in "

@@ -26,3 +26,15 @@ def os_words(e):
     if e.filename is None:
         return None
     return f"{e.filename}: {e.strerror or e}; {FIXES.get(e.errno, 'fix that')}"
+
+
+def from_interrupt(e):
+    """Whether exception e is, or was caused by, a KeyboardInterrupt (Python 3.11 wraps one raised inside a class
+    body's __set_name__, as an SDK's import can be, in a RuntimeError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

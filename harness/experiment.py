@@ -338,8 +338,8 @@ def record(s, result):
     if r.judged.remeasured:
         description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
     cancel = outcome.cancel if outcome.kind is Kind.CANCELLED else None
-    runs_curves = list(s.curves.get(outcome.commit[:7], {}).values())
-    still = curves.idle(runs_curves[0]) if runs_curves and all(curves.idle(c) for c in runs_curves) else ""
+    idle = [curves.idle(c) for c in s.curves.get(outcome.commit[:7], {}).values()]
+    still = idle[0] if idle and all(idle) else ""      # every run of it: did not train
     if r.why or still:                  # the reason kept whole: it says why the row's metric is what it is
         description = with_reason(clean_description(description), clean_description(r.why or still))
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)

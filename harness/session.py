@@ -343,6 +343,18 @@ def left_behind(s, n=None):
         return f"the records could not be read back ({type(e).__name__})"
 
 
+def interrupt_words(s, settings):
+    """What an interrupt left behind, in words (s: None when it came before the session opened): the loop's records
+    (left_behind), or for `try` whether its result was recorded and what to do with your checkout."""
+    if settings.command == "loop":
+        return f"{left_behind(s) if s else 'nothing was recorded'}. Rerun the same command to resume"
+    recorded = left_behind(s, s.recording) if s and s.recording is not None else None
+    if recorded is None:
+        return "no result was recorded and train.py in your checkout is as you left it. Rerun the same command"
+    return (f"{recorded}; train.py in your checkout may not be the best: `uv run agent.py try --tag {settings.tag} "
+            "--sync`")
+
+
 def records(s):
     """Every file the loop writes its records into: results.tsv (and its staged copy, other tags' archives),
     events.jsonl, run.log, the dashboard, the study, the libraries' log."""
