@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from harness import checks, cluster, console, experiment, ideas, ledger, search
-from harness.errors import SetupError, Stop, from_interrupt
+from harness.errors import Interrupts, SetupError, Stop, from_interrupt
 from harness.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
 from harness.pool import Pool
@@ -235,10 +235,9 @@ def main(argv=None):
     codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
     (nothing changed), 130 interrupted (training killed; the words say what was recorded)."""
     settings = parse(list(sys.argv[1:] if argv is None else argv))
-    previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)  # `kill` cleans up like Ctrl-C
     become_subreaper()                      # a process a run detaches still ends with the run
-    s = None
-    signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C from here: KeyboardInterrupt, handled below
+    s, interrupts = None, Interrupts()      # once one arrived, whatever ends main is the interrupt
+    previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         target = Path(settings.target).resolve()
         check_target(target)
@@ -252,26 +251,37 @@ def main(argv=None):
                 hide=[repo.working_tree_dir, str(git_dir(repo))]))
             s, constants = open_session(settings, profile)
             return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
-    except SetupError as e:
+    except (KeyboardInterrupt, Exception) as e:     # Ctrl-C, also inside an import (wrapped by Python)
+        return ending(e, s, settings, interrupts)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ending(e, s, settings, interrupts):
+    """Say why main ended on exception e and return the exit code (main's docstring); re-raises one that is no known
+    stop (a bug: its traceback)."""
+    if from_interrupt(e, interrupts.count > 0):
+        try:
+            if s is not None:
+                s.repo.git.clear_cache()    # git's helper processes died with the Ctrl-C: fresh ones from here
+            log_stop(s, "interrupted", "interrupted")
+            interrupts.quiet()
+        except KeyboardInterrupt:           # a second Ctrl-C cuts the clean-up short (the next start completes it)
+            pass
+        print(f"\nagent.py: interrupted; {interrupt_words(s, settings)}.", file=sys.stderr)
+        return 130
+    if isinstance(e, SetupError):
         console.error(f"agent.py: error: {e}")
         return 2
-    except Stop as e:
+    if isinstance(e, Stop):
         log_stop(s, "error", str(e))
         console.error(f"agent.py: stopped: {e}")
         return 1
-    except (GitError, OSError) as e:        # git or the machine (disk full, a file made read-only): every record
-        if failure_words(e) is None:        # before it is complete, a rerun resumes from there
-            raise
-        console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")
-        return 1
-    except (KeyboardInterrupt, Exception) as e:     # Ctrl-C, also inside an import (wrapped by Python)
-        if not from_interrupt(e):
-            raise
-        log_stop(s, "interrupted", "interrupted")
-        print(f"\nagent.py: interrupted; {interrupt_words(s, settings)}.", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
+    if isinstance(e, (GitError, OSError)) and failure_words(e) is not None:   # git or the machine (disk full, a
+        console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")   # file made
+        return 1                            # read-only): every record before it is complete, a rerun resumes there
+    raise
 
 
 def log_stop(s, event, reason):
@@ -281,10 +291,6 @@ def log_stop(s, event, reason):
             experiment.stopped(s, reason=reason, status=event)
         except (Stop, OSError):         # the ledger itself is what failed: the stop's message says so
             pass
-
-
-def raise_interrupt(signum, frame):
-    raise KeyboardInterrupt             # SIGTERM: clean up exactly as for Ctrl-C
 
 
 if __name__ == "__main__":

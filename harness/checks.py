@@ -4,6 +4,7 @@ raises SetupError (exit 2, nothing changed) with the way out when the tag, the l
 agent.py will not touch: it never stashes, resets or deletes your work. Read-only: none of them writes anything.
 """
 
+import re
 from pathlib import Path
 
 from harness import gitops, ledger
@@ -73,7 +74,7 @@ def readable(s):
                     s.prints[e["n"]] = fingerprint(content[blob.binsha].decode("utf-8", "replace"))
                     s.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
-            said = " ".join(str(err).split())[:160]
+            said = " ".join(re.sub(r"b'([^']*)'", r"\1", str(err)).split())[:160]   # GitPython's SHAs as text
         else:
             continue
         # git's reader may be off track after a damaged object: a fresh one, once the exception (and the half-read

@@ -43,6 +43,8 @@ import statistics
 import tokenize
 from pathlib import Path
 
+from harness import ledger
+
 WARMUP = 0.7                # share of the budget before the first checkpoint (issue 23 proposed 0.5; at 0.5 the
 #                             benchmark's replay cancelled a near-miss: docs/benchmarks.md#early-cancellation)
 K = 3.0                     # noise sds behind the best's mean that count as behind (issue 23's default)
@@ -216,9 +218,10 @@ def path_of(log):
 
 
 def save(curve, log):
-    """Write curve beside log (nothing for a run that printed no progress line)."""
+    """Write curve beside log (nothing for a run that printed no progress line); a link planted at its name is
+    replaced, never written through (ledger.write_atomic)."""
     if curve.points:
-        path_of(log).write_text(curve.to_json())
+        ledger.write_atomic(path_of(log), curve.to_json())
 
 
 def load(log):

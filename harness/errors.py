@@ -1,6 +1,6 @@
 """
-HARNESS: the two ways a problem ends the loop, and the words for a failure of the machine itself (os_words).
-Owns nothing else; never catches anything.
+HARNESS: the two ways a problem ends the loop, the words for a failure of the machine itself (os_words), and how
+Ctrl-C or SIGTERM ends it (Interrupts, from_interrupt). Owns nothing else; never catches anything.
 """
 
 import errno
@@ -28,12 +28,31 @@ def os_words(e):
     return f"{e.filename}: {e.strerror or e}; {FIXES.get(e.errno, 'fix that')}"
 
 
-def from_interrupt(e):
+class Interrupts:
+    """main's handler of SIGINT and SIGTERM (`kill` cleans up exactly as Ctrl-C does): the first raises
+    KeyboardInterrupt, which starts the clean-up; a second one during the clean-up raises it again, to cut the
+    clean-up short; any later one, or any after quiet() (the words are being printed), is only counted."""
+
+    def __init__(self):
+        self.count, self.loud = 0, True
+
+    def __call__(self, signum, frame):
+        self.count += 1
+        if self.loud and self.count <= 2:
+            raise KeyboardInterrupt
+
+    def quiet(self):
+        self.loud = False
+
+
+def from_interrupt(e, signalled=False):
     """Whether exception e is, or was caused by, a KeyboardInterrupt (Python 3.11 wraps one raised inside a class
-    body's __set_name__, as an SDK's import can be, in a RuntimeError)."""
+    body's __set_name__, as an SDK's import can be, in a RuntimeError). signalled: Ctrl-C or SIGTERM has arrived, so
+    whatever e is, the interrupt caused it (the same Ctrl-C kills git's helper processes in our process group, and
+    the next read from one raises BrokenPipeError before the KeyboardInterrupt)."""
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
+        if signalled or isinstance(e, KeyboardInterrupt):
             return True
         seen.add(id(e))
         e = e.__cause__ or e.__context__

@@ -140,20 +140,34 @@ def folder_problem(path):
 def record_refusal(path, problem):
     """The words for a record at path that cannot be written: the problem, that nothing was written, the fix."""
     return (f"{path} {problem}: the loop writes its records only into a regular file of its own, never through a "
-            f"link, and wrote nothing there. Remove it (`rm {path}` removes the link, not the file it names; move a "
-            f"folder or device aside), then rerun the same command")
+            f"link, and wrote nothing there. {record_fix(path)}, then rerun the same command")
+
+
+def record_fix(path):
+    """How to make path a record the loop can write, keeping what is there (a hard link's `rm` would take the
+    record's only name in this folder away; a symbolic link's removes the link, not the file it names)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return (f"Give it a file of its own, keeping its content (`cp {path} {path}.own && mv {path}.own {path}`: "
+                f"the other name keeps the old file), or move it aside if it is not this loop's record")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        return f"Remove the link (`rm {path}` removes the link, not the file it names)"
+    return "Move it aside (a folder, a FIFO or a device)"
 
 
 class RecordError(Stop):
     """A record's path is a link or not a regular file (record_problem): the loop stops, nothing written to it."""
 
 
-MODES = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "w": os.O_WRONLY | os.O_CREAT, "wb": os.O_WRONLY | os.O_CREAT,
-         "r+b": os.O_RDWR}
+MODES = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+         "w": os.O_WRONLY | os.O_CREAT, "wb": os.O_WRONLY | os.O_CREAT, "r+b": os.O_RDWR}
 
 
 def open_record(path, mode="a"):
-    """Open one of the loop's records for writing ("a": append, "w"/"wb": replace its content, "r+b": in place),
+    """Open one of the loop's records for writing ("a"/"ab": append, "w"/"wb": replace its content, "r+b": in place),
     never through a symbolic link (O_NOFOLLOW) and only into a regular file with one name (checked on the open file,
     before anything is truncated or written; O_NONBLOCK so that a FIFO cannot hang the loop). Raises RecordError
     naming the path and the fix; other OSErrors (disk full, permissions) as they are."""

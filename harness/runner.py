@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from harness import conditions, usage
+from harness import conditions, ledger, usage
 from harness.redact import clean_env, redact
 
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
@@ -346,13 +346,13 @@ def open_unnamed(path, append=False):
     tell it the experiment, the run and whether it is the best re-run for a successor's pairs (a hostile review: a
     kept train.py that threw its own re-runs moved the ratchet backwards). Returns the binary file object."""
     path = Path(path)
-    with open(path, "ab" if append else "wb"):
+    with ledger.open_record(path, "ab" if append else "wb"):   # never through a link planted at the log's name
         pass
     other = path.with_name(f".{secrets.token_hex(8)}")
     try:
-        os.link(path, other)
+        os.link(path, other)        # a new name (EEXIST otherwise) for the regular file just checked
     except OSError:                 # a filesystem without hard links: the log under its own name, as before
-        return open(path, "ab")
+        return ledger.open_record(path, "ab")
     try:
         return open(other, "ab")
     finally:
@@ -588,9 +588,23 @@ def read_log(path, limit=1 << 20):
         return ""
 
 
+NOT_A_FILE = "(not a regular file)"   # file_hash of a link, a FIFO, a device or a folder: never a file's hash
+
+
 def file_hash(path):
-    """sha256 of a file's bytes, or None if it does not exist."""
+    """sha256 (hex) of a regular file's bytes; None if nothing is at path; NOT_A_FILE for a symbolic link, a FIFO, a
+    device or a folder, which is never read (a run that put a FIFO or a link to /dev/zero in place of a frozen file
+    must not hang the harness or feed it without end: it reads as modified)."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError:                 # ELOOP (a link), ENXIO, EACCES...
+        return NOT_A_FILE
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_A_FILE
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()

@@ -136,6 +136,20 @@ def test_rewriting_the_pristine_evaluator_is_caught_and_undone(target, mode):
     assert row[1:4] == ["1.108000", "0.0", "discard"]
 
 
+FROZEN_SWAPS = {
+    "fifo": "os.remove('prepare.py')\nos.mkfifo('prepare.py')",
+    "link to /dev/zero": "os.remove('prepare.py')\nos.symlink('/dev/zero', 'prepare.py')",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FROZEN_SWAPS))
+@pytest.mark.parametrize("mode", SANDBOXES)
+def test_a_frozen_file_swapped_for_a_fifo_or_a_link_is_tampering_and_never_read(target, mode, kind):
+    """Hashing the run's prepare.py after training must not block on a FIFO nor read /dev/zero without end."""
+    row, _ = one(target, inject(f"prepare.py as a {kind}", FROZEN_SWAPS[kind]), mode)
+    assert row[1:4] == ["0.000000", "0.0", "crash"] and row[4] == f"prepare.py as a {kind} (rejected: train.py modified prepare.py)"
+
+
 @pytest.mark.parametrize("mode", SANDBOXES)
 def test_another_time_budget_in_the_summary_is_rejected(target, mode):
     answer = edit("longer budget", BUDGET_LINE, "print('time_budget_s: 300')")

@@ -752,7 +752,7 @@ def test_a_damaged_object_of_a_discarded_candidate_is_named_and_the_tag_goes_on(
         assert run_agent(target, llm, "anthropic", "--max-experiments", "3") == 0
     out, err = capsys.readouterr()
     assert "Traceback" not in err
-    assert f"experiment #2 ({discard['commit']}) is unreadable" in out
+    assert f"experiment #2 ({discard['commit']}) is unreadable" in out and "(SHA b'" not in out
     assert [e["n"] for e in events(target, "unreadable")] == [2] and rows(target)[2] == row
     assert rows(target)[3].endswith("\tlower LR again") and len(rows(target)) == 4
     with ScriptedLLM([]) as llm:
@@ -796,6 +796,56 @@ def test_an_interrupt_right_after_a_keeps_event_says_what_is_recorded_and_the_ne
     assert "autoresearch t #1: keep" in gitops.note_of(git.Repo(target), kept["full_commit"])
 
 
+@pytest.mark.parametrize("how", ["git's helpers died, a library swallowed the interrupt", "a second Ctrl-C"])
+def test_an_interrupt_that_breaks_git_or_comes_twice_ends_in_the_interrupts_words(target, capsys, monkeypatch, how):
+    """The terminal's Ctrl-C also kills GitPython's `git cat-file` helpers (our process group): when the next read
+    from one raises BrokenPipeError before any KeyboardInterrupt reaches main (a library swallowed it), that is still
+    the interrupt. A second Ctrl-C during the clean-up cuts it short. Either way: exit 130 and the interrupt's words,
+    never a traceback, and the next start resumes."""
+    from harness import dashboard, experiment
+    real_commit, real_refresh, calls = experiment.commit, dashboard.refresh, []
+
+    def commit(s, n, *rest, **kw):
+        if n == 1 and not calls:
+            calls.append(n)
+            if how.startswith("git"):
+                for helper in (s.repo.git.cat_file_all, s.repo.git.cat_file_header):
+                    if helper is not None:
+                        os.kill(helper.proc.pid, signal.SIGINT)
+                        helper.proc.wait()
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(1)
+                except KeyboardInterrupt:   # as a library's `except BaseException` would
+                    pass
+            else:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        return real_commit(s, n, *rest, **kw)
+
+    def refresh(s, live=True, **kw):
+        if not live and how == "a second Ctrl-C":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        return real_refresh(s, live=live, **kw)
+    monkeypatch.setattr(experiment, "commit", commit)
+    monkeypatch.setattr(dashboard, "refresh", refresh)
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 130
+    err = capsys.readouterr().err
+    assert calls == [1] and "Traceback" not in err
+    assert err.endswith(f"agent.py: interrupted; the last experiment, #0 (keep), is recorded in events.jsonl; "
+                        f"autoresearch/t is at the best commit ({sha(target, 'main')[:7]}). Rerun the same command to "
+                        "resume.\n")
+    if how.startswith("git"):               # fresh helpers: the stop was recorded
+        assert events(target)[-1]["event"] == "stop" and events(target)[-1]["reason"] == "interrupted"
+    monkeypatch.setattr(experiment, "commit", real_commit)
+    monkeypatch.setattr(dashboard, "refresh", real_refresh)
+    with ScriptedLLM([RAISE_LR]) as llm:
+        assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
+    assert rows(target)[1].endswith("keep\traise LR")
+
+
 def test_a_refused_start_leaves_a_line_cut_mid_write_as_it_was(target, capsys, monkeypatch):
     """events.jsonl ends with a line cut by a kill, and the start is refused (another budget): nothing is cut, the
     file is byte for byte as it was; the accepted start then cuts it and keeps its text as a torn_line event."""
@@ -830,11 +880,15 @@ def test_a_record_is_written_only_into_a_regular_file_of_its_own(tmp_path):
     os.link(outside, hard)
     os.mkfifo(fifo)
     folder.mkdir()
+    fixes = {link: f"Remove the link (`rm {link}` removes the link, not the file it names)",
+             hard: f"keeping its content (`cp {hard} {hard}.own && mv {hard}.own {hard}`: the other name keeps",
+             fifo: "Move it aside", folder: "Move it aside"}
     for path, problem in ((link, f"is a symbolic link (to {outside})"), (hard, "is one of 2 names of one file"),
                           (fifo, "is not a regular file"), (folder, "is not a regular file")):
         with pytest.raises(ledger.RecordError) as e:
             ledger.append_line(path, "row")
-        assert str(e.value).startswith(f"{path} {problem}") and f"`rm {path}`" in str(e.value)
+        assert str(e.value).startswith(f"{path} {problem}") and fixes[path] in str(e.value)
+        assert (f"`rm {path}`" in str(e.value)) == (path == link)      # rm of a hard link takes the record away
         assert ledger.record_problem(path).startswith(problem)
         with pytest.raises(ledger.RecordError):
             ledger.copy_record(outside, path)
@@ -842,6 +896,10 @@ def test_a_record_is_written_only_into_a_regular_file_of_its_own(tmp_path):
         with ledger.open_record(link, "w"):
             pass
     assert outside.read_text() == "root:x:0:0:root:/root:/bin/bash\n" and link.is_symlink()
+    subprocess.run(["sh", "-c", f"cp {hard} {hard}.own && mv {hard}.own {hard}"], check=True)   # the words' fix
+    ledger.append_line(hard, "row")
+    assert hard.read_text() == "root:x:0:0:root:/root:/bin/bash\nrow\n"
+    assert outside.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
     ledger.append_line(plain, "a")
     ledger.append_line(plain, "b")
     assert plain.read_text() == "a\nb\n" and ledger.record_problem(plain) is None

@@ -4,7 +4,9 @@ tested against real processes in test_agent.py and test_faults.py."""
 
 import json
 
-from harness import ledger
+import pytest
+
+from harness import curves, ledger, runner
 
 
 def experiment(tag, n, commit, metric, status="keep", description="idea", **extra):
@@ -161,3 +163,23 @@ def test_pruning_keeps_the_baseline_the_best_and_what_is_not_recorded_yet(tmp_pa
         "0000-model.pt2", "0002-model.pt2", "0003-model.pt2", "0004-model.pt2"]
     holdout.prune_artifacts(tmp_path, (0, 3), 5)
     assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == ["0000-model.pt2", "0003-model.pt2"]
+
+
+def test_a_link_planted_at_a_runs_log_or_curve_is_never_written_through(tmp_path):
+    """Root writes the run's log and curve: a symbolic link at their names must not turn that into a write to the
+    link's target (a hostile review planted logs/0001-0.log -> a file outside the tag)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    log = tmp_path / "0001-0.log"
+    log.symlink_to(outside)
+    with pytest.raises(ledger.RecordError, match="symbolic link"):
+        runner.open_unnamed(log)
+    assert outside.read_text() == "keep me\n" and log.is_symlink()
+    log.unlink()
+    with runner.open_unnamed(log) as f:                 # the regular case: written under a name of its own
+        f.write(b"step 1\n")
+    assert log.read_bytes() == b"step 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["0001-0.log", "outside.txt"]
+    curves.path_of(log).symlink_to(outside)
+    curves.save(curves.Curve([curves.Point(0.5, 2.0, 1.0)]), log)
+    assert outside.read_text() == "keep me\n" and not curves.path_of(log).is_symlink()
+    assert [(q.progress, q.loss) for q in curves.load(log).points] == [(0.5, 2.0)]
