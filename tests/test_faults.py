@@ -581,6 +581,33 @@ def test_ctrl_c_inside_an_sdk_import_is_an_interrupt_not_a_traceback(target, cap
     assert err.endswith("agent.py: interrupted; nothing was recorded. Rerun the same command to resume.\n")
 
 
+def test_ctrl_c_inside_a_study_query_is_an_interrupt_not_a_traceback(target, capsys, monkeypatch):
+    """Ctrl-C while SQLAlchemy runs one of the study's queries (TPE asking for experiment #1's point): SQLAlchemy
+    rolls back and logs, Optuna may wrap what it raised; exit 130 with the interrupt's words, nothing of either
+    library on the terminal, and the same command resumes."""
+    import sqlalchemy
+    fired = []
+
+    def interrupt(conn, cursor, statement, parameters, context, executemany):
+        if not fired and "trial" in statement and len((target / "results.tsv").read_text().splitlines()) == 2:
+            fired.append(statement)
+            raise KeyboardInterrupt
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", interrupt)
+    try:
+        code = agent.main(["--tag", "t", "--target", str(target), *STRICT, "--proposer", "tpe", "--no-speculate",
+                           "--max-experiments", "3"])
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", interrupt)
+    out, err = capsys.readouterr()
+    assert code == 130 and fired and "Traceback" not in out + err and "sqlalchemy" not in (out + err).lower()
+    assert err.endswith(f"agent.py: interrupted; the last experiment, #0 (keep), is recorded in events.jsonl; "
+                        f"autoresearch/t is at the best commit ({sha(target, 'main')[:7]}). Rerun the same command "
+                        "to resume.\n")
+    assert agent.main(["--tag", "t", "--target", str(target), *STRICT, "--proposer", "tpe", "--no-speculate",
+                       "--max-experiments", "2"]) == 0
+    assert len(rows(target)) == 3 and events(target, "experiment")[1]["description"].startswith("tpe: ")
+
+
 def test_a_baseline_that_does_not_parse_stops_with_its_crash_under_random_and_speculation(target, capsys):
     """--proposer random proposes while the baseline trains: a train.py with a syntax error gives no idea (not a
     traceback from the perturbation), and the baseline's crash stops the loop with its reason."""
