@@ -27,10 +27,16 @@ files a change touches.
     proposers   who proposes: the LLM providers (retries, prices, Spend), the samplers and grid, one signature
     search      the numeric search: the space of train.py's constants, the Optuna study (rebuilt from the events)
     hybrid      --proposer hybrid: the sampler's point, accepted or overridden by the LLM; code edits after a stall
+    memory      what an edit changes (moves, families), the tabu, the bandit over families
+    outer       the gate every proposal passes; the outer loop (--outer-every): guidance, mechanisms
+    mechanisms  a search mechanism run sandboxed: JSON in and out, validated, deactivated on failure
     perturb     the grid sweep of train.py's UPPER_CASE constants, and the PROFILE branch that runs
     gitops      git: the branch, candidate commits and refs, exports of a commit's blobs, notes, the repository lock
     ledger      results.tsv and events.jsonl: the formats, writing, reading, resume facts, git note text
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
+    hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA); --new-hardware re-measures the baseline
+    dashboard   dashboard.html: the tag in one self-contained page, rewritten after every verdict
+    tracking    --mlflow: each recorded experiment mirrored into an MLflow run (a copy, never a record)
     redact      secrets: which environment variables never reach train.py, and their values out of every record
     console     the live status line and printed lines
     errors      SetupError (exit 2) / Stop (exit 1): how a problem reaches the user

@@ -147,6 +147,16 @@ def anchors(doc):
 # ---------------------------------------------------------------------------
 
 
+def test_each_map_of_harness_names_every_module():
+    """The README's layout, harness/__init__.py and docs/architecture.md each list every module of harness/."""
+    modules = sorted(p.stem for p in (REPO / "harness").glob("*.py") if p.stem != "__init__")
+    maps = {"README.md": r"^\s+{}\.py\s", "harness/__init__.py": r"^\s+{}\s", "docs/architecture.md": r"harness/{}\.py"}
+    for name, pattern in maps.items():
+        text = (REPO / name).read_text()
+        missing = [m for m in modules if not re.search(pattern.format(m), text, re.M)]
+        assert missing == [], f"{name} does not name {missing}"
+
+
 def test_the_readme_is_short():
     lines = len((REPO / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
