@@ -11,12 +11,12 @@ is.
 """
 
 import dataclasses
-import hashlib
 import os
 import time
 from pathlib import Path
 
 from harness.gitops import changed_files
+from harness.runner import file_hash   # a FIFO or link left in your checkout is never read
 
 HARNESS_REFS = ("refs/heads/autoresearch/", "refs/autoresearch/")    # the ratchet branches and candidate refs
 
@@ -46,7 +46,7 @@ def take(repo, own_files, own_dirs=()):
     dirs = {Path(d): {p.name for p in Path(d).glob("*")} for d in own_dirs}
     files = [Path(p) for p in own_files] + [Path(d) / name for d, names in dirs.items() for name in names]
     return Snapshot(refs=_refs(repo), head=_head(repo),
-                    dirty={rel: _sha(root / rel) for rel in changed_files(repo)},
+                    dirty={rel: file_hash(root / rel) for rel in changed_files(repo)},
                     own={p: (p.read_bytes() if p.is_file() else None) for p in files}, dirs=dirs)
 
 
@@ -78,7 +78,7 @@ def check(repo, snap, frozen=(), keep_dir=None, others=()):
         if rel in frozen and rel not in snap.dirty:
             repo.git.checkout("HEAD", "--", rel)
             found.append(f"modified {rel} in your checkout (restored from HEAD)")
-        elif rel not in snap.dirty or _sha(root / rel) != snap.dirty[rel]:
+        elif rel not in snap.dirty or file_hash(root / rel) != snap.dirty[rel]:
             found.append(f"modified {rel} in your checkout (not undone: check it)")
     return found + _check_own(snap, keep_dir, root, others)
 
@@ -122,14 +122,6 @@ def _head(repo):
         return repo.git.symbolic_ref("-q", "HEAD")
     except Exception:
         return repo.git.rev_parse("HEAD")
-
-
-def _sha(path):
-    """sha256 of a file, or None when it does not exist (a deleted tracked file)."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
 
 
 def _restore(path, data):

@@ -37,3 +37,16 @@ def test_an_edit_seen_by_two_runs_is_blamed_once_saved_and_never_put_back(tmp_pa
         f.write("abc1234\t1.0\t0.0\tkeep\tbaseline\n")
     d.appended(results, "abc1234\t1.0\t0.0\tkeep\tbaseline\n")
     assert guard.check(repo, d) == []
+
+
+def test_a_fifo_left_in_place_of_your_edited_file_is_named_not_read(tmp_path):
+    """Without the sandbox a run could swap a tracked file you were editing for a FIFO: the check must not block
+    reading it (it hashes only regular files, runner.file_hash) and names the file as modified, not undone."""
+    import os
+    repo, results = repo_with_results(tmp_path)
+    edited = tmp_path / "repo" / "x.txt"
+    edited.write_text("your edit\n")
+    snap = guard.take(repo, [results])
+    edited.unlink()
+    os.mkfifo(edited)
+    assert guard.check(repo, snap) == ["modified x.txt in your checkout (not undone: check it)"]
