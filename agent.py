@@ -44,6 +44,7 @@ from harness.runner import become_subreaper
 from harness.session import RUN_LOG, interrupt_words, open_session
 from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, parse  # noqa: F401  (the loop's rules, stated there)
 from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
+from harness.schema import Event
 
 
 @dataclasses.dataclass
@@ -117,7 +118,7 @@ def start(s, loop, idea):
     n, loop.assigned = loop.assigned, loop.assigned + 1
     job = ideas.job_for(s, n, idea)
     device = loop.pool.submit(functools.partial(measure, s), job)
-    s.log("started", n=n, device=device.name, base=s.best_commit, wave=idea.wave)
+    s.log(Event.STARTED, n=n, device=device.name, base=s.best_commit, wave=idea.wave)
 
 
 def measure(s, device, job):
@@ -149,7 +150,7 @@ def settle(s, loop, job, outcome, judged, ended):
     if event["status"] == "keep":                               # only a measured, kept commit enters the branch
         experiment.keep(s, event)
     loop.failures.append(event["status"] == "crash")
-    s.log("throughput", n=job.n, **loop.pool.throughput(len(s.history)).fields())
+    s.log(Event.THROUGHPUT, n=job.n, **loop.pool.throughput(len(s.history)).fields())
     if result.kind.fixable and job.fixes < MAX_FIXES and loop.backlog.proposer.is_llm and allowed(s, loop) > 0 \
             and sum(loop.failures) < BREAKER[0]:            # not when the breaker is about to stop the loop
         fixed = ideas.ask_fix(s, loop.backlog, job, loop.assigned, result.why, (judged.failed or outcome).log_tail)
@@ -202,11 +203,11 @@ def research_main(s, proposer, constants, devices):
                                   frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
     for warning in checks.start_warnings(s, devices, proposer.is_llm):
         console.say(f"warning: {warning}")
-        s.log("warning", reason=warning)
+        s.log(Event.WARNING, reason=warning)
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
         run_prepare(target, "--preflight", timeout=experiment.run_timeout(s).seconds())
-    s.log("config", proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
+    s.log(Event.CONFIG, proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
           budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
           speculate=not a.no_speculate, ray=a.ray, verdict=s.rule.name, confirm=s.rule.confirm, margin=s.rule.margin_flag)

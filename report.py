@@ -32,13 +32,14 @@ from matplotlib.ticker import MaxNLocator
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, experiment_events,  # noqa: F401
                             load_results, read_events, rows_by_tag, select_tag, tag_state)
 from harness.ledger import baseline_of, epoch_of_row, hardware_events, is_baseline
-from harness import curves, dashboard, hardware
+from harness import curves, dashboard, hardware, schema
 from harness.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
 from harness.verdict import FALSE_KEEP, rule_of as verdict_rule
 from harness.target import read_literals
+from harness.schema import Event
 
 # ---------------------------------------------------------------------------
 # Loading (tolerant: the agent may be appending while we read)
@@ -97,7 +98,7 @@ def without_cancelled(rows, events):
     """rows with the 0.0 placeholder of each run cancelled early (harness.curves) made nan: the experiments whose
     event has `cancelled` when there are events, else the rows whose description ends `(cancelled at N%)`."""
     if events is not None:
-        gone = {e["commit"] for e in events if e.get("event") == "experiment" and e.get("cancelled")}
+        gone = {e["commit"] for e in events if e.get("event") == Event.EXPERIMENT and e.get("cancelled")}
     else:
         gone = {r.commit for r in rows if r.status == "discard" and CANCELLED_ROW.search(r.description)}
     return [dataclasses.replace(r, metric=math.nan) if r.commit in gone else r for r in rows]
@@ -263,17 +264,17 @@ def memory_of(events, tag=None, goal="min"):
     rule, and each search mechanism the outer loop designed: activated or rejected, what it refused, the experiments
     it shaped (proposed while it was active) with their keeps and best gain, where it is committed. [] when none."""
     mine = [e for e in events if tag is None or e.get("tag") == tag]
-    refused = [e for e in mine if e.get("event") == "refused"]
+    refused = schema.of(mine, Event.REFUSED)
     lines = []
     if refused:
         rules = collections.Counter(e.get("rule", "?") for e in refused)
-        forced = sum(e.get("event") == "forced" for e in mine)
+        forced = len(schema.of(mine, Event.FORCED))
         lines.append(f"refused      {len(refused)} proposal{'s' if len(refused) > 1 else ''} before a run ("
                      + ", ".join(f"{rule} {k}" for rule, k in rules.most_common()) + ")"
                      + (f"; {forced} run anyway by `try --force`" if forced else ""))
     exps = experiment_events(events, tag)
-    for mid in dict.fromkeys(e["id"] for e in mine if e.get("event") == "mechanism"):
-        acts = {e["action"]: e for e in mine if e.get("event") == "mechanism" and e["id"] == mid}
+    for mid in dict.fromkeys(e["id"] for e in schema.of(mine, Event.MECHANISM)):
+        acts = {e["action"]: e for e in mine if e.get("event") == Event.MECHANISM and e["id"] == mid}
         if "activated" not in acts:
             why = acts.get("rejected", {}).get("reason", "not validated yet")
             lines.append(f"mechanism {mid:<4} rejected: {why}")
@@ -524,7 +525,7 @@ def curve_logs(run, commits=None):
     all); each run's learning curve is kept beside its log (harness.curves.path_of). {} without events."""
     found = {}
     for e in run.events or []:
-        if e.get("event") != "run_end" or not e.get("log") or (run.tag is not None and e.get("tag") != run.tag):
+        if e.get("event") != Event.RUN_END or not e.get("log") or (run.tag is not None and e.get("tag") != run.tag):
             continue
         if commits is None or e.get("commit") in commits:
             found.setdefault(e["commit"], []).append(e["log"])
@@ -548,7 +549,7 @@ def rule_of(run, baseline=None):
     baseline (ledger.tag_state), its noise and floor from its current baseline (baseline: that of another of its
     baselines' "experiment" event: an earlier hardware epoch's); None without events or from before they were
     logged."""
-    tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
+    tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")
     state = tag_state(run.events or [], tag)
     if state.rule is None:
         return None
@@ -565,10 +566,10 @@ def throughput_of(run):
     for e in run.events or []:
         if run.tag is not None and e.get("tag") != run.tag:
             continue
-        if e.get("event") == "start" and last is not None:
+        if e.get("event") == Event.START and last is not None:
             lines.append(last)
             last = None
-        elif e.get("event") in ("throughput", "stop") and isinstance(e.get("busy"), dict):
+        elif e.get("event") in (Event.THROUGHPUT, Event.STOP) and isinstance(e.get("busy"), dict):
             last = e
     lines += [last] if last is not None else []
     return [f"{e['experiments_per_hour']:.1f} experiments/hour over {_duration(e['wall_s'])}; device busy "
@@ -601,7 +602,7 @@ def epochs_of(run, rows=None):
     stayed on one machine (or rows without events). A row's epoch is its [hwN] label (ledger.epoch_of_row), its
     words the tag's latest "hardware" event of that epoch. report.py and the dashboard summarise the last one."""
     rows = run.rows if rows is None else rows
-    tag = run.tag or next((e.get("tag") for e in reversed(run.events or []) if e.get("event") == "experiment"), None)
+    tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")
     words = {e.get("epoch", 1): hardware.words(e) for e in hardware_events(run.events or [], tag)}
     found = {}
     for row in rows:

@@ -33,6 +33,7 @@ files a change touches.
     perturb     the grid sweep of train.py's UPPER_CASE constants, and the PROFILE branch that runs
     gitops      git: the branch, candidate commits and refs, exports of a commit's blobs, notes, the repository lock
     ledger      results.tsv and events.jsonl: the formats, writing, reading, resume facts, git note text
+    schema      the event schema: every event name and what it records, readers by kind
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
     hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA); --new-hardware re-measures the baseline
     dashboard   dashboard.html: the tag in one self-contained page, rewritten after every verdict

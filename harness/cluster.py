@@ -28,6 +28,7 @@ from harness.pool import Device
 from harness.redact import clean_env
 from harness.runner import Kind
 from harness.target import FROZEN
+from harness.schema import Event
 
 CONNECT_TIMEOUT_S = 5.0         # --ray HOST:PORT must accept a TCP connection this fast
 TICK_S = 1.0                    # how often the driver looks at a task in flight (status line, Ctrl-C)
@@ -123,10 +124,10 @@ class RayBackend:
                     ray.cancel(ref, force=True)
                     raise
                 lost.append(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                watch.event("worker_lost", retry=retry, error=lost[-1])
+                watch.event(Event.WORKER_LOST, retry=retry, error=lost[-1])
                 continue
             Path(spec.log).write_bytes(result["log"])
-            watch.event("remote", node=result["node"], artifact_sha256=result["artifact_sha256"])
+            watch.event(Event.REMOTE, node=result["node"], artifact_sha256=result["artifact_sha256"])
             if result.get("artifact") is not None:            # kept like a local run's, for the holdout
                 with tempfile.TemporaryDirectory() as scratch:
                     write_tree(result["artifact"], scratch)

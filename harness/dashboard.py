@@ -26,6 +26,7 @@ import numpy
 
 from harness import console, curves, gitops
 from harness.ledger import write_atomic
+from harness.schema import Event
 
 PAGE = "dashboard.html"
 RELOAD_S = 30               # how often a live page reloads itself
@@ -154,7 +155,7 @@ def gather(run, report, live=False, stale_s=3600.0):
     rule = report.rule_of(run) if events else None
     noise_sd, noise_runs = report.noise_of(run) if events else (None, 0)
     tails = {e.get("commit"): e["log_tail"] for e in events      # a crashed run's log tail (its last run's)
-             if e.get("event") == "run_end" and (run.tag is None or e.get("tag") == run.tag) and e.get("log_tail")}
+             if e.get("event") == Event.RUN_END and (run.tag is None or e.get("tag") == run.tag) and e.get("log_tail")}
     who, _ = report.proposers_of(events, run.tag)
     table = []
     for i, row in enumerate(run.rows):
@@ -198,7 +199,7 @@ def gather(run, report, live=False, stale_s=3600.0):
             full = diffs_of(top, pairs, path)
             diffs = {e["commit"]: text(full[e["full_commit"]]) for e in exps.values()
                      if e.get("full_commit") in full}
-    holdout = next((e.get("line") for e in reversed(events) if e.get("event") == "holdout"
+    holdout = next((e.get("line") for e in reversed(events) if e.get("event") == Event.HOLDOUT
                     and (run.tag is None or e.get("tag") == run.tag)), None)
     stats = report.event_stats(events, run.tag) if events else None
     lines = [line for line in (report.proposers_of(events, run.tag)[1], report.cancelled_of(events, run.tag),

@@ -27,6 +27,7 @@ from harness.runner import EVAL_TIMEOUT, Kind, timeout_s
 from harness.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked
 from harness.settings import THREADS
 from harness.target import default_timeout, run_prepare
+from harness.schema import Event
 
 
 @locked
@@ -37,7 +38,7 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None, same=False):
     and a blocking one raises Stop. The message body names the tag and experiment, so two identical candidates never
     share a commit (same=True: `source` is the best's train.py unchanged, a re-baseline). Keeps the commit reachable
     as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
-    s.log("candidate", n=n, fix=fix, fix_of=fix_of, parent=s.best_commit, blob=git_blob_sha(source.encode()),
+    s.log(Event.CANDIDATE, n=n, fix=fix, fix_of=fix_of, parent=s.best_commit, blob=git_blob_sha(source.encode()),
           message=message)
     stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
     (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
@@ -54,7 +55,7 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None, same=False):
                    f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
                    "train.py only")
     s.expect_ref(gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha))
-    s.log("commit", n=n, fix=fix, fix_of=fix_of, full_commit=sha)
+    s.log(Event.COMMIT, n=n, fix=fix, fix_of=fix_of, full_commit=sha)
     return sha
 
 
@@ -88,7 +89,7 @@ class RunWatch(Watch):
 
     def started(self, pgid):
         s, spec = self.s, self.spec
-        s.log("run", n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
+        s.log(Event.RUN, n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
               timeout_s=timeout_s(spec.timeout), cwd=str(spec.run_dir),
               device=spec.device.name if spec.device else None,
               sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off", best=self.best or None)
@@ -169,7 +170,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             s.curves.setdefault(sha[:7], {})[seed] = curve
         if outcome.cancel is not None:
             watched = spec.cancel
-            s.log("cancel", n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
+            s.log(Event.CANCEL, n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
                   curve=curve.until(outcome.cancel.at), paired=watched.paired is not None,
                   best_curve=mean_curve([watched.paired] if watched.paired else watched.best, curve, outcome.cancel.at))
         if outcome.metric is not None:
@@ -183,7 +184,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             s.probe_warned = True
             console.say(f"speed probe: none ({outcome.probe_problem}); the wall-time allowance and the comparison "
                         "of conditions fall back to the rules without it")
-        s.log("run_end", n=n, fix=fix, run=run, commit=sha[:7], returncode=outcome.returncode,
+        s.log(Event.RUN_END, n=n, fix=fix, run=run, commit=sha[:7], returncode=outcome.returncode,
               timed_out=outcome.timed_out, train_seconds=round(outcome.seconds, 3), reason=outcome.reason,
               kind=outcome.kind.value, metric=outcome.metric, own_metric=outcome.own_metric,
               eval_seconds=round(outcome.eval_seconds, 3), frozen_tampered=outcome.tampered, outside=outcome.outside,
@@ -222,12 +223,12 @@ def cancel_watcher(s, n, run, sha, base):
     except UnicodeDecodeError:
         return None
     which, why = curves.yardstick(mine, best, theirs, original)
-    s.log("cancel_yardstick", n=n, curves=which, reason=why)
+    s.log(Event.CANCEL_YARDSTICK, n=n, curves=which, reason=why)
     commit, source = (base, best) if which == "best" else (baseline, theirs)
     if which is None or not known[commit]:
         return None
     if why := curves.exempt(mine, source):
-        s.log("cancel_exempt", n=n, reason=why)
+        s.log(Event.CANCEL_EXEMPT, n=n, reason=why)
         return None
     return curves.Watcher(list(known[commit].values()), list(known[baseline].values()), probe_s=best_probe(s, commit),
                           paired=known[commit].get(run_seed(s, n, 0)), yardstick=which)
@@ -265,7 +266,7 @@ def judge(s, n, fix, first, base, base_metric, device=None):
         then = then or (known or (None, None))[1]
         why = ("no run of the best at this seed yet" if then is None else
                f"its probe {outcome.probe_s:.3f}s against the best's {then:.3f}s: the machine's speed changed")
-        s.log("rerun_best", n=n, run=run, seed=seed, best=base[:7], reason=why)
+        s.log(Event.RERUN_BEST, n=n, run=run, seed=seed, best=base[:7], reason=why)
         s.status(n, f"running the best at seed {seed} ({why.split(':')[-1].strip()})")
         again = train(s, n, fix, base, run=run, device=device, best=True)
         if again.metric is None:
@@ -345,7 +346,7 @@ def record(s, result):
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
     run = tracking.begin(s, r.n, idea)      # the MLflow run (--mlflow; None: off or failed)
-    event = s.log("experiment", n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
+    event = s.log(Event.EXPERIMENT, n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
                   memory_source=outcome.memory_source or None, reported_memory_gb=round(outcome.reported_memory_gb, 3),
                   wall_seconds=round(r.wall, 3), train_seconds=round(outcome.seconds, 3),
@@ -557,12 +558,12 @@ def holdout_line(s):
         line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"], wrap=holdout_wrap(s))
     except SetupError as e:
         line = f"holdout: not measured ({str(e).splitlines()[-1]})"
-    s.log("holdout", line=line)
+    s.log(Event.HOLDOUT, line=line)
     dashboard.refresh(s, live=False)
     return line
 
 
 def stopped(s, **fields):
     """The loop ended: its "stop" event (fields: why, its throughput), and the dashboard rewritten as not live."""
-    s.log("stop", **fields)
+    s.log(Event.STOP, **fields)
     dashboard.refresh(s, live=False)

@@ -18,6 +18,7 @@ from harness.ledger import has_metric
 from harness.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
 from harness.settings import MAX_FIXES
 from harness.verdict import Verdict
+from harness.schema import Event
 
 
 def try_one(s):
@@ -77,7 +78,7 @@ def screen(s, n, description, source):
     except EditError as e:
         if not s.settings.force:
             raise SetupError(f"refused: {e}. Nothing ran; `--force` runs it anyway") from None
-        s.log("forced", n=n, reason=str(e))
+        s.log(Event.FORCED, n=n, reason=str(e))
         console.say(f"--force: running it although {e}")
 
 
@@ -127,7 +128,7 @@ def write_checkout(s, expected=None):
                     f"{s.best_commit[:7]}; `uv run agent.py try --tag {s.settings.tag} --sync` saves yours and writes it)")
         return False
     path.write_bytes(file_at_bytes(s, s.best_commit))
-    s.log("synced", commit=s.best_commit)
+    s.log(Event.SYNCED, commit=s.best_commit)
     s.synced = s.best_commit
     return True
 

@@ -9,9 +9,11 @@ import os
 import shutil
 from pathlib import Path
 
+from harness import schema
 from harness.errors import SetupError
 from harness.ledger import baseline_of
 from harness.target import score_holdout
+from harness.schema import Event
 
 
 def artifact_path(home, n, name):
@@ -49,7 +51,7 @@ def prune_artifacts(home, keep, recorded):
 def pinned_env(all_events, tag):
     """The variables the tag's frozen inputs pinned when it started (e.g. AUTORESEARCH_GRPO_MODEL: the base model's
     absolute snapshot path, resolved once), from its "frozen_inputs" event; {} when none."""
-    return next((e.get("env") or {} for e in all_events if e.get("tag") == tag and e.get("event") == "frozen_inputs"), {})
+    return next(iter(schema.of(all_events, Event.FROZEN_INPUTS, tag=tag)), {}).get("env") or {}
 
 
 def holdout_summary(home, history, metric, goal, env=None, wrap=None):

@@ -17,6 +17,7 @@ from harness.prompts import HYBRID_CODE, HYBRID_OVERRIDE, HYBRID_PROMPT, HYBRID_
 from harness.session import touched_by
 from harness.settings import MAX_REPAIRS
 from harness.target import FROZEN, read_text
+from harness.schema import Event
 
 OVERRIDE, CODE = "llm override", "llm code"     # an experiment's `by` when the LLM chose it
 
@@ -43,7 +44,7 @@ def one(s, backlog, n, train_src, running, found):
             ideas.check_new(s, source, [*ideas.in_flight(backlog, running), *found])
             break
         except EditError as e:
-            s.log("repair", n=n, repair=attempt, error=str(e), answer=answer[-4000:])
+            s.log(Event.REPAIR, n=n, repair=attempt, error=str(e), answer=answer[-4000:])
     else:
         return None
     mine = ideas.Idea(description, source, answer, s.best_commit, 0, Spend(), backlog.wave, by=sampler)
@@ -60,11 +61,11 @@ def one(s, backlog, n, train_src, running, found):
     chosen = ideas.ask_for_edit(s, backlog, n, [{"role": "user", "content": prompt}], train_src, running, read=read,
                                 again=HYBRID_REPAIR.replace("{code}", " (or a code edit)" if stalled else ""))
     if not chosen:
-        s.log("hybrid", n=n, decision="sampler", reason="no usable answer: the sampler's point runs")
+        s.log(Event.HYBRID, n=n, decision="sampler", reason="no usable answer: the sampler's point runs")
         return mine
     if chosen[0].by != sampler:
         search.drop(s, n)               # the sampler's point did not run: its trial is closed
-    s.log("hybrid", n=n, decision=chosen[0].by, reason=chosen[0].why)
+    s.log(Event.HYBRID, n=n, decision=chosen[0].by, reason=chosen[0].why)
     return chosen[0]
 
 

@@ -22,6 +22,7 @@ from harness.proposers import Spend
 from harness.session import best_source, describe, measured_as, touched_by
 from harness.settings import MAX_REPAIRS
 from harness.target import FROZEN, read_text
+from harness.schema import Event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +130,7 @@ def propose(s, backlog, n, running, k=1):
     if s.pool is not None:
         s.pool.waited(time.monotonic() - t0)
     if not found:
-        s.log("skipped", n=n, reason=f"no usable answer after {MAX_REPAIRS} repairs")
+        s.log(Event.SKIPPED, n=n, reason=f"no usable answer after {MAX_REPAIRS} repairs")
         console.say(f"#{n:<4} skipped  no usable answer after {MAX_REPAIRS} repairs (see {ledger.EVENTS})")
     return found
 
@@ -164,7 +165,7 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None,
     for repair in range(MAX_REPAIRS + 1):
         reply = backlog.proposer.ask(backlog.system, messages, train_src, n)
         s.paid(reply.spend)
-        s.log("propose", n=n, repair=repair, proposer=s.settings.proposer, model=s.settings.model,
+        s.log(Event.PROPOSE, n=n, repair=repair, proposer=s.settings.proposer, model=s.settings.model,
               input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
               cost_usd=round(reply.cost_usd, 6), llm_seconds=round(reply.seconds, 3), wave=backlog.wave)
         ideas, errors = [], []
@@ -181,10 +182,10 @@ def ask_for_edit(s, backlog, n, messages, train_src, running=(), k=1, read=None,
         cost = (s.spend - before).share(max(1, len(ideas)))
         if ideas:
             for error in errors:
-                s.log("dropped", n=n, error=error)
+                s.log(Event.DROPPED, n=n, error=error)
             return [dataclasses.replace(i, cost=cost) for i in ideas]
         error = errors[0] if len(errors) == 1 else "; ".join(f"idea {i + 1}: {e}" for i, e in enumerate(errors))
-        s.log("repair", n=n, repair=repair, error=error, answer=reply.text[-4000:])
+        s.log(Event.REPAIR, n=n, repair=repair, error=error, answer=reply.text[-4000:])
         messages = messages + [{"role": "assistant", "content": reply.text},
                                {"role": "user", "content": again.format(error=error)}]
     return []
@@ -214,12 +215,12 @@ def rebase(s, idea, backlog, running):
         description, source = apply_answer(idea.answer, best_source(s), FROZEN)
         check_new(s, source, in_flight(backlog, running))
     except EditError as e:
-        s.log("dropped", idea=idea.description, base=idea.base, best=s.best_commit, error=str(e),
+        s.log(Event.DROPPED, idea=idea.description, base=idea.base, best=s.best_commit, error=str(e),
               rebased_from=idea.rebased_from)
         console.say(f"      dropped  {idea.description!r}: written for {idea.base[:7]}, the best is now "
                     f"{s.best_commit[:7]} and {e}")
         return None
-    s.log("reapplied", idea=idea.description, base=idea.base, best=s.best_commit)
+    s.log(Event.REAPPLIED, idea=idea.description, base=idea.base, best=s.best_commit)
     return dataclasses.replace(idea, description=description, source=source, base=s.best_commit)
 
 
@@ -230,7 +231,7 @@ def unfinished(s):
     no longer applies is dropped then, and the proposer asked)."""
     events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
     recorded = len(s.history)
-    commits = {e["n"]: e for e in events if e.get("event") == "commit" and e.get("n", -1) >= recorded}
+    commits = {e["n"]: e for e in events if e.get("event") == Event.COMMIT and e.get("n", -1) >= recorded}
     later, sources = [], set()
     for _, e in sorted(commits.items()):        # one train.py once: a redo committed again under a later number
         idea = idea_of(s, e["full_commit"], fix_of=e.get("fix_of"))   # (a second stop) is the same idea, and so is
@@ -239,12 +240,12 @@ def unfinished(s):
             later.append(idea)
             sources.add(idea.source)
     begun = {e.get("rebased_from") for e in s.history} | {    # re-runs recorded, or dropped (they no longer apply)
-        e.get("rebased_from") for e in events if e.get("event") == "dropped"}
+        e.get("rebased_from") for e in events if e.get("event") == Event.DROPPED}
     pending = {idea.description for idea in later}                      # re-runs committed: redone as `later`
     first = [idea for e in s.history if e.get("superseded") and e["n"] not in begun
              and (idea := idea_of(s, e["full_commit"], e["n"])) and idea.description not in pending]
     for idea in first + later:
-        s.log("redo", idea=idea.description, base=idea.base, rebased_from=idea.rebased_from)
+        s.log(Event.REDO, idea=idea.description, base=idea.base, rebased_from=idea.rebased_from)
     return first + later
 
 
@@ -257,7 +258,7 @@ def idea_of(s, commit, rebased_from=None, fix_of=None):
         base = c.parents[0].hexsha
         old, new = file_at(s.repo, base, s.train_rel), file_at(s.repo, commit, s.train_rel)
     except (GitError, ValueError, IndexError, KeyError) as e:
-        s.log("dropped", commit=commit, error=f"cannot read the candidate: {e}"[:500])
+        s.log(Event.DROPPED, commit=commit, error=f"cannot read the candidate: {e}"[:500])
         return None
     fix = re.search(r"(?m)^fix (\d+): (.*)$", c.message) if fix_of is not None else None
     return Idea(c.summary, new, answer_for(c.summary, old, new), base, 0, Spend(), 0, rebased_from,
@@ -268,7 +269,7 @@ def idea_of(s, commit, rebased_from=None, fix_of=None):
 def on_llm_retry(s, retry, problem, delay):
     """A transient LLM error while asking: log it and print a line per retry (an outage overnight is visible in a
     log file too, at most one line a RETRY_CAP_S once the backoff is at its cap)."""
-    s.log("error", where="llm", retry=retry, error=problem[:500], retry_in_s=round(delay, 3))
+    s.log(Event.ERROR, where="llm", retry=retry, error=problem[:500], retry_in_s=round(delay, 3))
     console.say(f"LLM error ({problem[:120]}): retry {retry + 1} in {delay:.0f}s")
 
 

@@ -35,8 +35,10 @@ import stat
 import tempfile
 from pathlib import Path
 
+from harness import schema
 from harness.errors import Stop
 from harness.redact import redact_all
+from harness.schema import Event
 
 RESULTS, EVENTS = "results.tsv", "events.jsonl"
 STATUSES = ("keep", "discard", "crash")
@@ -264,8 +266,9 @@ def check_size(path, expected):
 
 def log_event(path, tag, event, **fields):
     """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
-    Returns the record (unredacted dict)."""
-    record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": event, "tag": tag, **fields}
+    Returns the record (unredacted dict). ValueError if event is not a harness.schema name."""
+    record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": schema.check(event), "tag": tag,
+              **fields}
     append_line(path, event_line(record))
     return record
 
@@ -299,7 +302,7 @@ def repair_last_line(path, complete):
 def repair_results(path, all_events):
     """repair_last_line for a results file: a last line is whole when it is valid UTF-8, a 5-cell row, and not a
     strict prefix of a row that an "experiment" event produced (which is what an append cut by a kill looks like)."""
-    made = [row.encode() for row in (row_of(e) for e in all_events if e.get("event") == "experiment") if row]
+    made = [row.encode() for row in (row_of(e) for e in schema.of(all_events, Event.EXPERIMENT)) if row]
 
     def complete(data):
         try:
@@ -364,7 +367,7 @@ def rows_by_tag(results_path, all_events):
     another tag's file), so the rows are an ordered subsequence of the events: matched from the end, each row takes
     the latest event before the one its successor took that produces exactly its text. Tags started from one commit
     share the baseline row's text; the order tells them apart."""
-    events = [(row_of(e), str(e.get("tag"))) for e in all_events if e.get("event") == "experiment"]
+    events = [(row_of(e), str(e.get("tag"))) for e in schema.of(all_events, Event.EXPERIMENT)]
     lines = read_rows(results_path)
     tags, j = [None] * len(lines), len(events)
     for i in reversed(range(len(lines))):
@@ -445,7 +448,7 @@ def read_events(path):
 
 def experiment_events(events, tag=None):
     """The "experiment" events (one per finished experiment), optionally only those of one tag."""
-    return [e for e in events if e.get("event") == "experiment" and (tag is None or e.get("tag") == tag)]
+    return schema.of(events, Event.EXPERIMENT, tag=tag)
 
 
 @dataclasses.dataclass
@@ -557,18 +560,18 @@ class TagState:
 def tag_state(all_events, tag):
     """The TagState of `tag` from every event of the file."""
     mine = [e for e in all_events if e.get("tag") == tag]
-    history = [e for e in mine if e.get("event") == "experiment"]
-    proposals = [e for e in mine if e.get("event") == "propose"]
-    starts = [i for i, e in enumerate(mine) if e.get("event") == "start"]
-    ends = collections.Counter(run_key(e) for e in mine[starts[-1] if starts else 0:] if e.get("event") == "run_end")
+    history = schema.of(mine, Event.EXPERIMENT)
+    proposals = schema.of(mine, Event.PROPOSE)
+    starts = [i for i, e in enumerate(mine) if e.get("event") == Event.START]
+    ends = collections.Counter(run_key(e) for e in mine[starts[-1] if starts else 0:] if e.get("event") == Event.RUN_END)
     stale = []                              # the last invocation's runs without their run_end (several devices: many)
     for e in mine[starts[-1] if starts else 0:]:
-        if e.get("event") == "run":
+        if e.get("event") == Event.RUN:
             if ends[run_key(e)]:
                 ends[run_key(e)] -= 1
             elif e.get("pgid") is not None:
                 stale.append(e)
-    ruled = [e for e in (history[:1] + [e for e in mine if e.get("event") == "start"]) if "confirm" in e]
+    ruled = [e for e in (history[:1] + schema.of(mine, Event.START)) if "confirm" in e]
     rule = None
     if history and ruled:
         rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin"),
@@ -601,7 +604,7 @@ def since_baseline(history):
 
 def hardware_events(all_events, tag):
     """The tag's "hardware" events (harness.hardware fingerprints), in order; the last one is the current epoch."""
-    return [e for e in all_events if e.get("tag") == tag and e.get("event") == "hardware"]
+    return schema.of(all_events, Event.HARDWARE, tag=tag)
 
 
 def run_key(e):

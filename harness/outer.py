@@ -18,6 +18,7 @@ import re
 from harness import console, gitops, ledger, mechanisms, memory
 from harness.edits import EditError
 from harness.prompts import MECHANISM_ROUNDS, OUTER_GUIDANCE, format_history
+from harness.schema import Event
 
 FREEZE_AFTER = 3                # a family tried this often in the last 2K experiments with no keep is frozen
 MAX_ACTIVE = 2                  # active mechanisms at once: a new one retires the oldest
@@ -59,14 +60,14 @@ def state(s):
     st, last = State(), {}
     events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
     for e in events:
-        if e.get("event") == "memory":
+        if e.get("event") == Event.MEMORY:
             last = e
             st.tenure = e.get("tabu", st.tenure)
-        elif e.get("event") == "outer":
+        elif e.get("event") == Event.OUTER:
             st.steps, st.frozen = e["step"], e.get("frozen") or {}
             if e.get("guidance"):
                 st.guidance, st.guidance_step = e["guidance"], e["step"]
-        elif e.get("event") == "mechanism":
+        elif e.get("event") == Event.MECHANISM:
             act = e.get("action")
             if act == "proposed":
                 st.designed += 1
@@ -82,7 +83,7 @@ def state(s):
         st.tenure = a.tabu
     now = dict(tabu=st.tenure, explore=a.explore, outer_every=a.outer_every)
     if a.command == "loop" and any(last.get(k) != v for k, v in now.items()):     # what this invocation runs with
-        s.log("memory", **now)
+        s.log(Event.MEMORY, **now)
     return st
 
 
@@ -92,7 +93,7 @@ def committed_source(s, ref):
         with s.lock:
             return gitops.file_at(s.repo, ref, "mechanism.py")
     except (gitops.GitError, ValueError, KeyError) as e:
-        s.log("warning", reason=f"cannot read the mechanism at {ref}: {e}"[:300])
+        s.log(Event.WARNING, reason=f"cannot read the mechanism at {ref}: {e}"[:300])
         return None
 
 # ---------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def screen(s, n, description, before, after, by="loop", review=True):
         refusal = reviewed(s, n, description, change, before, after)
     if refusal is not None:
         st.refused.setdefault(n, set()).update(change.families)
-        s.log("refused", n=n, rule=refusal.rule, repeats=refusal.repeats, moves=list(change.moves),
+        s.log(Event.REFUSED, n=n, rule=refusal.rule, repeats=refusal.repeats, moves=list(change.moves),
               families=list(change.families), by=by, reason=refusal.words)
         raise EditError(refusal.words)
     return change
@@ -146,7 +147,7 @@ def idle(s):
     st, why = state(s), mechanisms.unavailable(s)
     if why is not None and st.active and not st.idle_said:
         st.idle_said = True
-        s.log("warning", reason=f"the active search mechanisms are skipped: {why}")
+        s.log(Event.WARNING, reason=f"the active search mechanisms are skipped: {why}")
         console.say(f"warning: the active search mechanisms are skipped: {why}")
     return why is not None
 
@@ -155,7 +156,7 @@ def deactivate(s, m, reason):
     """Take mechanism m out of the search, with an event and a line: the search goes on without it."""
     st, reason = state(s), " ".join(str(reason).split())[:300]     # its words: one line
     st.active = [x for x in st.active if x.id != m.id]
-    s.log("mechanism", id=m.id, action="deactivated", reason=reason, ref=m.ref, after=len(s.history) - 1)
+    s.log(Event.MECHANISM, id=m.id, action="deactivated", reason=reason, ref=m.ref, after=len(s.history) - 1)
     console.say(f"      search mechanism {m.id} deactivated: {reason}; the search goes on without it")
 
 
@@ -215,7 +216,7 @@ def step(s, backlog, n):
     st.steps, st.frozen = i, frozen
     if guidance:
         st.guidance, st.guidance_step = guidance, i
-    s.log("outer", step=i, after=len(s.history) - 1, frozen=frozen, guidance=guidance or None,
+    s.log(Event.OUTER, step=i, after=len(s.history) - 1, frozen=frozen, guidance=guidance or None,
           error=None if guidance else "the LLM's guidance was empty: the previous guidance stays")
     console.say(f"      outer step {i}: {len(frozen)} families frozen ({', '.join(frozen) or 'none'}), guidance "
                 + (f"{len(guidance)} characters" if guidance else "unusable (empty): the previous stays"))
@@ -227,7 +228,7 @@ def ask(s, backlog, n, i, what, messages):
     """One outer-loop question to the proposer's LLM (its spend counted as a proposal's); the answer's text."""
     reply = backlog.proposer.ask(backlog.system, messages, "", n)
     s.paid(reply.spend)
-    s.log("propose", n=n, outer=i, round=what, proposer=s.settings.proposer, model=s.settings.model,
+    s.log(Event.PROPOSE, n=n, outer=i, round=what, proposer=s.settings.proposer, model=s.settings.model,
           input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=round(reply.cost_usd, 6),
           llm_seconds=round(reply.seconds, 3), wave=backlog.wave)
     return reply.text or ""
@@ -237,7 +238,7 @@ def trace_words(s):
     """The trace the outer loop reads: the history table, each family's tries and best gain, the refusals so far."""
     stats = memory.family_stats(s)
     refusals = [e for e in ledger.read_events(s.target / ledger.EVENTS)
-                if e.get("tag") == s.settings.tag and e.get("event") == "refused"]
+                if e.get("tag") == s.settings.tag and e.get("event") == Event.REFUSED]
     families = ", ".join(f"{f}: {t} tries, best gain {b:+.6f}" if b is not None else f"{f}: {t} tries"
                          for f, (t, _, b) in sorted(stats.items(), key=lambda item: -item[1][0]))
     return (f"{format_history(s.history, s.metric, s.rule.margin)}\n\nFamilies tried: {families or 'none'}\n"
@@ -259,22 +260,22 @@ def design(s, backlog, n, i, trace):
     st.designed += 1
     mid = f"m{st.designed}"
     if not code:
-        s.log("mechanism", id=mid, action="proposed", step=i, ref=None)
+        s.log(Event.MECHANISM, id=mid, action="proposed", step=i, ref=None)
         reject(s, mid, None, "the answer holds no ```python block")
         return
     source = code[-1]
     ref = commit(s, mid, i, source, answers)
-    s.log("mechanism", id=mid, action="proposed", step=i, ref=ref)
+    s.log(Event.MECHANISM, id=mid, action="proposed", step=i, ref=ref)
     problem = mechanisms.unavailable(s) or mechanisms.validate(s, source)
     if problem is not None:
         reject(s, mid, ref, problem)
         return
     while len(st.active) >= MAX_ACTIVE:
         old = st.active.pop(0)
-        s.log("mechanism", id=old.id, action="retired", reason=f"replaced by {mid}", ref=old.ref,
+        s.log(Event.MECHANISM, id=old.id, action="retired", reason=f"replaced by {mid}", ref=old.ref,
               after=len(s.history) - 1)
     st.active.append(Mechanism(mid, source, ref, mechanisms.functions(source)))
-    s.log("mechanism", id=mid, action="activated", step=i, ref=ref, functions=mechanisms.functions(source),
+    s.log(Event.MECHANISM, id=mid, action="activated", step=i, ref=ref, functions=mechanisms.functions(source),
           after=len(s.history) - 1)
     console.say(f"      search mechanism {mid} activated ({', '.join(mechanisms.functions(source))}; committed as "
                 f"{ref})")
@@ -283,7 +284,7 @@ def design(s, backlog, n, i, trace):
 def reject(s, mid, ref, reason):
     """A designed mechanism not activated: the event and the line."""
     reason = " ".join(str(reason).split())[:300]
-    s.log("mechanism", id=mid, action="rejected", reason=reason, ref=ref)
+    s.log(Event.MECHANISM, id=mid, action="rejected", reason=reason, ref=ref)
     console.say(f"      search mechanism {mid} rejected: {reason}")
 
 

@@ -21,6 +21,7 @@ from harness.errors import SetupError, Stop
 from harness.gitops import GitError, file_at
 from harness.perturb import active_statements
 from harness.runner import Kind
+from harness.schema import Event
 
 SAMPLERS = ("tpe", "cmaes", "random")   # --proposer values that are an Optuna sampler (grid: perturb.py's sweep)
 SPACE_HEADING = "## Search space"
@@ -658,4 +659,4 @@ def read(s):
 def say(s, text):
     """A search message: printed and logged as a warning event."""
     console.say(f"search: {text}")
-    s.log("warning", where="search", reason=text)
+    s.log(Event.WARNING, where="search", reason=text)

@@ -25,7 +25,7 @@ from pathlib import Path
 import git
 
 from harness import (checks, console, curves, dashboard, gitops, hardware, ledger, memory, prompts, runner,
-                     sandbox, tracking)
+                     sandbox, schema, tracking)
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -36,6 +36,7 @@ from harness.settings import Settings
 from harness.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
                              run_prepare)
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
+from harness.schema import Event
 
 RUN_LOG = "run.log"
 TRY_LOG = "try.log"                 # where program.md's background `try` writes its output (ignored like run.log)
@@ -131,7 +132,7 @@ class Session:
             if event != "start" and (self.start is not None or self.deferred):
                 start, self.start, deferred, self.deferred = self.start, None, self.deferred, []
                 if start is not None:
-                    self.log("start", **start)
+                    self.log(Event.START, **start)
                 for name, held in deferred:
                     self.log(name, **held)
             ledger.check_size(path, self.events_size)
@@ -302,7 +303,7 @@ def open_session(settings, profile=None):
     checks.no_stray_rows(s, all_events)
     place_branch(s)
     s.synced = next((e["commit"] for e in reversed(all_events)
-                     if e.get("tag") == settings.tag and e.get("event") == "synced"), None)
+                     if e.get("tag") == settings.tag and e.get("event") == Event.SYNCED), None)
     claim_home(s)
     ledger.route_library_logs(s.home / ledger.LIBRARY_LOG)     # the stores' libraries: never on the terminal
     frozen_side(s, all_events, constants)
@@ -406,7 +407,7 @@ def measured_runs(s, all_events):
     """s.measured from the tag's "run_end" events: each run's metric and probe by commit and seed (a resumed paired
     tag pairs with the best's runs measured before); s.curves: the curves kept beside their logs."""
     for e in all_events:
-        if e.get("tag") == s.settings.tag and e.get("event") == "run_end" and e.get("metric") is not None:
+        if e.get("tag") == s.settings.tag and e.get("event") == Event.RUN_END and e.get("metric") is not None:
             if e.get("seed") is not None:
                 s.measured.setdefault(e["commit"], {})[e["seed"]] = (e["metric"], e.get("probe_s"))
             if e.get("log") and (curve := curves.load(e["log"])) is not None:
@@ -425,7 +426,7 @@ def recover_runs(s, stale_runs, all_events):
             ("results.tsv", ledger.repair_results(s.target / ledger.RESULTS, all_events))]
     for name, fragment in torn:
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
-            s.log("torn_line", file=name, fragment=fragment)
+            s.log(Event.TORN_LINE, file=name, fragment=fragment)
             console.say(f"{name}: removed a line cut mid-write ({fragment[:60]!r}); it is kept in {ledger.EVENTS}")
 
 
@@ -433,14 +434,14 @@ def record_unreadable(s, damaged, all_events):
     """The discards and crashes whose objects git cannot read (checks.readable: {n: what git said}): named on the
     terminal at each start, recorded once as an "unreadable" event; their rows stay, and new ideas are no longer
     compared with them."""
-    known = {e.get("n") for e in all_events if e.get("tag") == s.settings.tag and e.get("event") == "unreadable"}
+    known = {e.get("n") for e in schema.of(all_events, Event.UNREADABLE, tag=s.settings.tag)}
     for e in s.history:
         if e["n"] in damaged:
             console.say(f"warning: experiment #{e['n']} ({e['commit']}) is unreadable: git cannot read its commit or "
                         f"its train.py ({damaged[e['n']]}); its row stays, and new ideas are not compared with it. "
                         "`git fsck` names the damaged objects")
             if e["n"] not in known:
-                s.log("unreadable", n=e["n"], commit=e["commit"], reason=damaged[e["n"]])
+                s.log(Event.UNREADABLE, n=e["n"], commit=e["commit"], reason=damaged[e["n"]])
 
 
 def check_checkout(s):
@@ -474,7 +475,7 @@ def place_branch(s):
     tip = s.repo.heads[s.branch].commit.hexsha
     if tip != s.best_commit and s.repo.is_ancestor(tip, s.best_commit):
         gitops.advance_branch(s.repo, s.branch, s.best_commit, tip)   # a kill between a keep's event and its move
-        s.log("advanced", n=s.next_n - 1, tip=tip, best=s.best_commit)
+        s.log(Event.ADVANCED, n=s.next_n - 1, tip=tip, best=s.best_commit)
     elif tip != s.best_commit:
         adopt_human_commits(s, tip)
     s.start = dict(new_branch=False, best=s.best_commit, experiments=len(s.history), **rule)
@@ -494,7 +495,7 @@ def claim_home(s):
 def frozen_side(s, all_events, constants):
     """A pristine copy of the target, the sandbox, the frozen inputs' digest."""
     s.frozen_base = next((e["base"] for e in all_events if e.get("tag") == s.settings.tag
-                          and e.get("event") == "frozen_inputs" and e.get("base")), s.best_commit)
+                          and e.get("event") == Event.FROZEN_INPUTS and e.get("base")), s.best_commit)
     export_frozen(s)
     setup_sandbox(s)
     checks.one_sandbox_rule(s)
@@ -530,7 +531,7 @@ def hardware_side(s, all_events):
         console.say(f"--new-hardware: this machine matches the fingerprint of tag {a.tag} (hardware epoch "
                     f"{s.hardware_epoch}: {hardware.words(s.hardware)}); nothing to re-measure for it")
     if last is None or changed:
-        s.deferred.append(("hardware", dict(epoch=s.hardware_epoch, digest=hardware.digest_of(s.hardware),
+        s.deferred.append((Event.HARDWARE, dict(epoch=s.hardware_epoch, digest=hardware.digest_of(s.hardware),
                                             **s.hardware)))
     checks.try_baseline_due(s, describe)
 
@@ -548,17 +549,17 @@ def restore_outputs(s, all_events):
         raise SetupError(str(e)) from None
     for path, n in ledger.keep_one_tag(target / ledger.RESULTS, all_events, tag, s.metric).items():
         if path.name == ledger.RESULTS:
-            s.log("unarchived", file=ledger.archive_path(path, tag).name, rows=n)
+            s.log(Event.UNARCHIVED, file=ledger.archive_path(path, tag).name, rows=n)
             console.say(f"{ledger.RESULTS}: brought back {n} row(s) of tag {tag} from its own file")
             continue
         gitops.ensure_ignored(s.repo, [path])
-        s.log("archived", file=path.name, rows=n)
+        s.log(Event.ARCHIVED, file=path.name, rows=n)
         console.say(f"{ledger.RESULTS}: moved {n} row(s) of another tag to {path.name} (report.py reads it)")
     rows, wanted = ledger.read_rows(target / ledger.RESULTS), [ledger.results_row(e) for e in s.history]
     if len(rows) < len(wanted) and rows == wanted[:len(rows)]:   # lost to a kill, or results.tsv moved aside
         for event, row in zip(s.history[len(rows):], wanted[len(rows):]):
             ledger.append_line(target / ledger.RESULTS, row)
-            s.log("row_restored", n=event["n"])
+            s.log(Event.ROW_RESTORED, n=event["n"])
     if s.history and s.history[-1].get("full_commit"):      # a kill between the event and its note (no-op if there)
         gitops.add_note(s.repo, s.history[-1]["full_commit"], ledger.note_text(s.history[-1], s.metric))
 
@@ -583,7 +584,7 @@ def adopt_human_commits(s, tip):
     adopted, and the tip becomes the base of the next candidates, if they leave train.py and the frozen files as
     measured. Anything else is refused with the way out."""
     checks.human_commits_leave_measured_files(s, tip)
-    s.log("adopted", previous_best=s.best_commit, tip=tip)
+    s.log(Event.ADOPTED, previous_best=s.best_commit, tip=tip)
     s.best_commit = tip
 
 
@@ -643,10 +644,10 @@ def frozen_inputs(s, all_events, tolerance):
         found = json.loads(out.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
         raise SetupError(f"prepare.py --frozen-inputs printed no JSON object: {out[-2000:]!r}") from None
-    recorded = [e for e in all_events if e.get("tag") == s.settings.tag and e.get("event") == "frozen_inputs"]
+    recorded = schema.of(all_events, Event.FROZEN_INPUTS, tag=s.settings.tag)
     checks.same_frozen_inputs(s, recorded, found)
     env = pinned if recorded else {k: str(v) for k, v in (found.get("env") or {}).items()}
     if not recorded:
-        s.log("frozen_inputs", digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],
+        s.log(Event.FROZEN_INPUTS, digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],
               train_reads=found.get("train_reads"), eval_reads=found.get("eval_reads"), env=env, base=s.frozen_base)
     return {"digest": found["digest"], "tolerance": tolerance, "inputs": found, "env": env}

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from harness import console, curves, gitops, ledger, memory
 from harness.errors import FIXES
 from harness.redact import redact
+from harness.schema import Event
 
 DEFAULT_URI = "sqlite:///{target}/mlflow.db"    # --mlflow without a URI: a SQLite store in the target dir
 ARTIFACTS = "mlartifacts"                       # the artifacts' dir beside a SQLite store
@@ -213,7 +214,7 @@ def fail(s, what, e):
     s.tracking.client = None
     reason = f"{what} in {s.tracking.uri} ({words}): {fix_of(e, first)}; the experiment is recorded as without MLflow"
     console.say(f"warning: mlflow: {reason}")
-    s.log("warning", where="mlflow", reason=reason)
+    s.log(Event.WARNING, where="mlflow", reason=reason)
 
 
 def fix_of(e, first):

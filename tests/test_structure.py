@@ -1,0 +1,96 @@
+"""
+Tests of the code's structure, read from the source (no run): every event name the repository writes or compares is
+one of harness/schema.py's, and each of those is used; ledger.log_event refuses any other name.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from harness import ledger, schema
+from harness.schema import NAMES, Event
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = [REPO / "agent.py", REPO / "report.py", *sorted((REPO / "harness").glob("*.py")),
+           *sorted((REPO / "bench").glob("*.py")), *sorted((REPO / "grpo").glob("*.py"))]
+WRITERS = {"log", "event", "log_event"}         # session.log(name), Watch.event(name), ledger.log_event(path, tag, name)
+
+
+def trees():
+    for path in SOURCES:
+        yield path.relative_to(REPO).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def is_event_field(node):
+    """e["event"] or e.get("event")."""
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "event"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "event")
+
+
+def named(node):
+    """The event names a written or compared expression stands for: a str constant, Event.X, or a tuple/set of
+    them; [] for anything else (a variable: checked at run time by schema.check)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Event":
+        return [getattr(Event, node.attr, f"Event.{node.attr} (undefined)")]
+    if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+        return [name for elt in node.elts for name in named(elt)]
+    return []
+
+
+def test_every_event_name_written_or_compared_is_in_the_schema():
+    """Each name passed to a writer (first argument of .log / .event, third of log_event) and each name an "event"
+    field is compared with, across agent.py, report.py, harness/, bench/ and grpo/."""
+    unknown, seen = [], 0
+    for where, tree in trees():
+        for node in ast.walk(tree):
+            found = []
+            if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+                fname = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                at = 2 if fname == "log_event" else 0
+                if fname in WRITERS and len(node.args) > at:
+                    found = named(node.args[at])
+            elif isinstance(node, ast.Compare) and is_event_field(node.left):
+                found = [name for c in node.comparators for name in named(c)]
+            unknown += [f"{where}:{node.lineno}: {name!r}" for name in found if name not in NAMES]
+            seen += len(found)
+    assert seen > 60, seen                          # the scan sees the writers and readers (about 120 today)
+    assert unknown == [], "not in harness/schema.py's Event:\n" + "\n".join(unknown)
+
+
+def test_each_event_name_in_the_schema_is_used():
+    """No dead names: each Event constant is written or read somewhere outside schema.py."""
+    used = set()
+    for where, tree in trees():
+        if where != "harness/schema.py":
+            used |= {getattr(Event, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                     and isinstance(n.value, ast.Name) and n.value.id == "Event" and hasattr(Event, n.attr)}
+    assert sorted(NAMES - used) == []
+    assert len(NAMES) == 41 and "run_end" in NAMES and "experiment" in NAMES
+
+
+def test_log_event_refuses_a_name_outside_the_schema_and_writes_nothing(tmp_path):
+    path = tmp_path / "events.jsonl"
+    ledger.log_event(path, "t", Event.RUN_END, n=1)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"'run_ended' is not an event name: add it to harness/schema.py"):
+        ledger.log_event(path, "t", "run_ended", n=1)
+    assert path.read_bytes() == before
+    assert before.count(b"\n") == 1 and b'"event": "run_end", "tag": "t", "n": 1' in before
+
+
+def test_the_readers_select_by_kind_and_tag():
+    events = [{"event": "run", "tag": "a", "n": 1}, {"event": "run_end", "tag": "a", "n": 1},
+              {"event": "run_end", "tag": "b", "n": 1}, {"event": "experiment", "tag": "a", "n": 1},
+              {"event": "run_end", "tag": "a", "n": 2}, {"bad": True}]
+    assert schema.of(events, Event.RUN_END) == [events[1], events[2], events[4]]
+    assert schema.of(events, Event.RUN_END, tag="a") == [events[1], events[4]]
+    assert schema.of(events, Event.RUN, Event.EXPERIMENT, tag="a") == [events[0], events[3]]
+    assert schema.last(events, Event.RUN_END, tag="b") is events[2]
+    assert schema.last(events, Event.STOP) is None
+    with pytest.raises(ValueError, match="'runs' is not an event name"):
+        schema.of(events, "runs")
