@@ -33,12 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-from harness import checks, cluster, console, experiment, ideas, ledger, search
+from harness import checks, cluster, console, experiment, hybrid, ideas, ledger, search
 from harness.errors import Interrupts, SetupError, Stop, from_interrupt
 from harness.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
 from harness.pool import Pool
-from harness.proposers import Spend, make_proposer
+from harness.proposers import make_proposer
+from harness.providers import Spend
 from harness.prompts import SYSTEM_PROMPT, goal_word
 from harness.runner import become_subreaper
 from harness.session import RUN_LOG, interrupt_words, open_session
@@ -215,7 +216,8 @@ def research_main(s, proposer, constants, devices):
                 f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
                 f"{experiment.run_timeout(s).words()}, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
     s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
-    loop = Loop(s.pool, ideas.Backlog(proposer, system), s.next_n + s.baseline_due, lookahead=int(not a.no_speculate))
+    mixer = hybrid.propose if a.proposer == "hybrid" else None     # the sampler's points, shown to the LLM
+    loop = Loop(s.pool, ideas.Backlog(proposer, system, mixer), s.next_n + s.baseline_due, lookahead=int(not a.no_speculate))
     loop.backlog.ideas.extend(ideas.unfinished(s) if s.history else [])   # what a stop left unmeasured runs first
     try:
         reason = research_loop(s, loop)

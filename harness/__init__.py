@@ -24,7 +24,9 @@ files a change touches.
     target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
     prompts     every word the LLM reads, and the history table
     edits       DESCRIPTION + SEARCH/REPLACE answers -> a new train.py (the one path every proposer's answer takes)
-    proposers   who proposes: the LLM providers (retries, prices, Spend), the samplers and grid, one signature
+    proposers   who proposes: an LLM provider, a sampler or grid, one signature (Proposer.ask)
+    providers   the LLM providers: one protocol (complete, ping, classify an error, price), PROVIDERS by name,
+                call_with_retries, the price table, Spend
     search      the numeric search: the space of train.py's constants, the Optuna study (rebuilt from the events)
     hybrid      --proposer hybrid: the sampler's point, accepted or overridden by the LLM; code edits after a stall
     memory      what an edit changes (moves, families), the tabu, the bandit over families

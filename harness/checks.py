@@ -10,7 +10,7 @@ from pathlib import Path
 from harness import gitops, ledger
 from harness.edits import fingerprint
 from harness.errors import SetupError
-from harness.proposers import price_key
+from harness.providers import price_key
 from harness.target import FROZEN
 
 

@@ -21,7 +21,7 @@ from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
-from harness.proposers import Spend
+from harness.providers import Spend
 from harness.redact import redact
 from harness.runner import EVAL_TIMEOUT, Kind, timeout_s
 from harness.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked

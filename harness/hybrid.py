@@ -11,7 +11,7 @@ import re
 
 from harness import ideas, search
 from harness.edits import MARKERS, EditError, apply_answer
-from harness.proposers import Spend
+from harness.providers import Spend
 from harness.prompts import HYBRID_CODE, HYBRID_OVERRIDE, HYBRID_PROMPT, HYBRID_REPAIR, format_history, goal_word, \
     program_brief
 from harness.session import touched_by

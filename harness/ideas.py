@@ -13,12 +13,12 @@ import functools
 import re
 import time
 
-from harness import console, experiment, hybrid, ledger, outer
+from harness import console, experiment, ledger, outer
 from harness.edits import INVISIBLE, EditError, answer_for, apply_answer, fingerprint
 from harness.gitops import GitError, file_at
 from harness.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
     program_brief
-from harness.proposers import Spend
+from harness.providers import Spend
 from harness.session import best_source, describe, measured_as, touched_by
 from harness.settings import MAX_REPAIRS
 from harness.target import FROZEN, read_text
@@ -86,9 +86,12 @@ class Job:
 @dataclasses.dataclass
 class Backlog:
     """What waits for a device: fixes (amended crashed candidates, run before anything new) and ideas (proposals
-    not run yet, in order); wave counts the proposal calls; proposer and system are who is asked and how."""
+    not run yet, in order); wave counts the proposal calls; proposer and system are who is asked and how; mixer, for
+    --proposer hybrid, proposes instead of the plain path: (s, backlog, n, train_src, running, k) -> [Idea]
+    (harness.hybrid.propose: the sampler's points, each shown to the LLM)."""
     proposer: object
     system: str
+    mixer: object = None
     fixes: collections.deque = dataclasses.field(default_factory=collections.deque)
     ideas: collections.deque = dataclasses.field(default_factory=collections.deque)
     wave: int = 0
@@ -100,7 +103,7 @@ def propose(s, backlog, n, running, k=1):
     results are known and which candidates are still in flight. The usable ideas join backlog.ideas. Returns how many
     there were (0: no answer could be repaired)."""
     train_src, t0 = best_source(s), time.monotonic()
-    plain_llm, gate = backlog.proposer.is_llm and backlog.proposer.name != "hybrid", None
+    plain_llm, gate = backlog.proposer.is_llm and backlog.mixer is None, None
     if plain_llm and outer.due(s):      # the outer loop's step (--outer-every), before the proposal it shapes
         outer.step(s, backlog, n)
     explore = ""
@@ -119,8 +122,8 @@ def propose(s, backlog, n, running, k=1):
     s.status(n, "proposing" + (f" {k} ideas" if k > 1 else "") + ahead)
     backlog.wave += 1
     found, llm = 0, backlog.proposer.is_llm
-    if backlog.proposer.name == "hybrid":      # the sampler's points, each shown to the LLM (harness.hybrid)
-        backlog.ideas.extend(ideas := hybrid.propose(s, backlog, n, train_src, running, k))
+    if backlog.mixer is not None:              # the sampler's points, each shown to the LLM (harness.hybrid)
+        backlog.ideas.extend(ideas := backlog.mixer(s, backlog, n, train_src, running, k))
         found, llm, k = len(ideas), True, 0
     for i in range(1 if llm and k else k):     # samplers, grid: one draw per idea
         ideas = ask_for_edit(s, backlog, n + i, [{"role": "user", "content": prompt}], train_src, running,

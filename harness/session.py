@@ -30,7 +30,7 @@ from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
 from harness.holdout import pinned_env
-from harness.proposers import Spend
+from harness.providers import Spend
 from harness.search import STUDY_DB
 from harness.settings import Settings
 from harness.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,

@@ -14,7 +14,9 @@ from pathlib import Path
 from harness import curves, memory, tracking
 from harness.edits import EMPTY_DESCRIPTION, clean_description
 from harness.pool import parse_devices
-from harness.proposers import DEFAULT_MODELS, PROPOSERS, RETRY_CAP_S
+from harness import providers
+from harness.proposers import PROPOSERS
+from harness.providers import PROVIDERS, RETRY_CAP_S
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM
 
 MAX_REPAIRS = 2                 # a rejected answer goes back with the exact error at most this often
@@ -92,8 +94,9 @@ def parse_args(argv):
     p.add_argument("--tag", required=True, help="run name: work happens on branch autoresearch/<tag> (created from "
                    "HEAD, or resumed if it exists)")
     p.add_argument("--proposer", choices=PROPOSERS,
-                   help="who proposes edits. Default: anthropic if ANTHROPIC_API_KEY is set, else openai if "
-                   "OPENAI_API_KEY is set (or --base-url is given), else tpe. tpe/cmaes/random: an Optuna sampler "
+                   help="who proposes edits. Default: " + ", else ".join(f"{p.name} if {p.key_env} is set" for p in
+                   PROVIDERS.values()) + f", else {providers.LOCAL} if --base-url is given, else tpe. "
+                   "tpe/cmaes/random: an Optuna sampler "
                    "sets train.py's UPPER_CASE constants (no key; docs/search.md); grid: one constant a step at a "
                    "time; hybrid: a sampler whose points an LLM accepts or overrides, and code edits from the LLM "
                    "when the search stalls (a key)")
@@ -103,8 +106,8 @@ def parse_args(argv):
                    "of experiments whose point the LLM may override (default 0.3)")
     p.add_argument("--stall", type=number(0, int, above=True), help="--proposer hybrid: after this many "
                    "experiments without a keep the LLM may propose a code edit instead of a point (default 8)")
-    p.add_argument("--model", help=f"LLM model (default: {DEFAULT_MODELS['anthropic']} for anthropic, "
-                   f"{DEFAULT_MODELS['openai']} for openai)")
+    p.add_argument("--model", help="LLM model (default: " + ", ".join(
+                   f"{p.default_model} for {p.name}" for p in PROVIDERS.values()) + ")")
     p.add_argument("--base-url", help="API endpoint, e.g. an OpenAI-compatible server (vLLM, ollama, DeepSeek, "
                    "OpenRouter: http://localhost:8000/v1)")
     p.add_argument("--max-experiments", type=number(0, int), help="stop once this many experiments after the baseline "
@@ -142,35 +145,34 @@ def parse_args(argv):
     args = p.parse_args(argv)
     args.command = "loop"
     check_common(p, args)
-    llm = "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else \
-        "openai" if os.environ.get("OPENAI_API_KEY") or args.base_url else None
+    llm = providers.detect(os.environ, args.base_url)
     args.chosen = ""
     if args.proposer is None:
         args.proposer = llm or "tpe"
         args.chosen = "" if llm else (
             "no LLM key, so --proposer tpe: Optuna's TPE sampler sets train.py's UPPER_CASE constants (docs/search.md)."
-            " For LLM edits (or --proposer hybrid) set ANTHROPIC_API_KEY or OPENAI_API_KEY, or --base-url")
-    args.llm = args.proposer if args.proposer in ("anthropic", "openai") else llm if args.proposer == "hybrid" else None
+            f" For LLM edits (or --proposer hybrid) set {providers.words('key_env')}, or --base-url")
+    args.llm = args.proposer if args.proposer in PROVIDERS else llm if args.proposer == "hybrid" else None
     hybrid = {"--sampler": args.sampler, "--llm-share": args.llm_share, "--stall": args.stall}
     if args.proposer != "hybrid" and any(v is not None for v in hybrid.values()):
         p.error(f"{', '.join(k for k, v in hybrid.items() if v is not None)}: only --proposer hybrid has them")
     args.sampler, args.llm_share, args.stall = args.sampler or "tpe", args.llm_share or 0.3, args.stall or 8
     memory_flags = {"--tabu": args.tabu, "--explore": args.explore}
-    if args.proposer not in ("anthropic", "openai") and any(v is not None for v in memory_flags.values()):
+    if args.proposer not in PROVIDERS and any(v is not None for v in memory_flags.values()):
         p.error(f"{', '.join(k for k, v in memory_flags.items() if v is not None)}: the memory is the LLM proposers' "
-                f"(--proposer anthropic or openai); --proposer {args.proposer} has its own (docs/memory.md)")
+                f"(--proposer {providers.words('name')}); --proposer {args.proposer} has its own (docs/memory.md)")
     args.explore = args.explore or "on"
-    if args.outer_every is not None and args.proposer not in ("anthropic", "openai"):
+    if args.outer_every is not None and args.proposer not in PROVIDERS:
         p.error(f"--outer-every: the outer loop asks an LLM, and --proposer is {args.proposer}: use --proposer "
-                "anthropic or openai (a key in the environment, or --base-url)")
+                f"{providers.words('name')} (a key in the environment, or --base-url)")
     if args.devices is not None and args.ray is not None:
         p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
     try:
         args.device_list = tuple(parse_devices(args.devices, THREADS))
     except ValueError as e:
         p.error(str(e))
-    if args.model is None and args.llm in DEFAULT_MODELS:
-        args.model = DEFAULT_MODELS[args.llm]
+    if args.model is None and args.llm in PROVIDERS:
+        args.model = PROVIDERS[args.llm].default_model
     return args
 
 

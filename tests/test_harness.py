@@ -12,7 +12,7 @@ from harness import experiment
 from harness.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
 from harness.perturb import grid, moves, numeric_constants
-from harness.proposers import price
+from harness.providers import price
 from harness.runner import Kind, Outcome, parse_summary, read_metric
 from harness.target import default_timeout, effective_budget, own_budget, read_frozen_constants
 
