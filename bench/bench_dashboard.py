@@ -123,9 +123,9 @@ def main():
             folder, setup_s = timed(lambda: synthetic_tag(Path(tmp) / f"tag{n}", n))
             print(f"set up {n:,} experiments in {setup_s:.0f}s", flush=True)
             run, load_s = timed(lambda: report.load_run(folder))
-            _, gather_s = timed(lambda: dashboard.gather(run, report))
-            page, write_s = timed(lambda: dashboard.write(run, folder / dashboard.PAGE, report))
-            _, again_s = timed(lambda: dashboard.write(report.load_run(folder), folder / dashboard.PAGE, report))
+            _, gather_s = timed(lambda: dashboard.gather(run))
+            page, write_s = timed(lambda: dashboard.write(run, folder / dashboard.PAGE))
+            _, again_s = timed(lambda: dashboard.write(report.load_run(folder), folder / dashboard.PAGE))
             found = {"n": n, "load_s": load_s, "gather_s": gather_s, "write_s": write_s, "again_s": again_s,
                      "page_mb": page.stat().st_size / 2**20}
             browser = shutil.which("chromium")

@@ -39,10 +39,14 @@ files a change touches.
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
     hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA); --new-hardware re-measures the baseline
     dashboard   dashboard.html: the tag in one self-contained page, rewritten after every verdict
+    analysis    a run's numbers, read-only (load_run -> Run, the summary, kept table, noise, rule, epochs): report.py
+                prints them, analysis.ipynb and the dashboard read them
+    plots       the figures: progress.png and the learning curves (matplotlib, loaded only when drawing)
     tracking    --mlflow: each recorded experiment mirrored into an MLflow run (a copy, never a record)
     redact      secrets: which environment variables never reach train.py, and their values out of every record
     console     the live status line and printed lines
     errors      SetupError (exit 2) / Stop (exit 1): how a problem reaches the user
 
-No module here imports agent.py, prepare.py or train.py.
+No module here imports agent.py, report.py, prepare.py or train.py, and no two import each other
+(tests/test_structure.py).
 """

@@ -6,8 +6,8 @@ lets run (by its sha256), so a description, diff or log line that holds `<script
 While the loop is alive the page reloads itself every RELOAD_S seconds (keeping the page of the table and the
 experiment open in the address's #fragment), and stops reloading once it is older than its `stale_s`.
 
-The figures come from report.py's functions (the same as its text and analysis.ipynb); this module only gathers
-what the page needs (each experiment's row, event, diff against its base and learning curves) and renders it.
+The numbers come from harness.analysis and the plot from harness.plots (the same as report.py's text and
+analysis.ipynb); this module only gathers what the page needs (each experiment's row, event, diff against its base and learning curves) and renders it.
 """
 
 import base64
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy
 
-from harness import console, curves, gitops
+from harness import analysis, console, curves, gitops
 from harness.ledger import write_atomic
 from harness.schema import Event
 
@@ -66,7 +66,7 @@ def number(value, digits=6):
 
 
 # ---------------------------------------------------------------------------
-# Gathering: what the page shows, from a report.Run
+# Gathering: what the page shows, from an analysis.Run
 # ---------------------------------------------------------------------------
 
 
@@ -139,28 +139,28 @@ def diffs_of(repo_dir, pairs, path):
             for c, d in out.items()}
 
 
-def gather(run, report, live=False, stale_s=3600.0):
-    """The page's data (a JSON-able dict) for a report.Run: what report.py prints, each row with its event's figures
+def gather(run, live=False, stale_s=3600.0):
+    """The page's data (a JSON-able dict) for an analysis.Run: what report.py prints, each row with its event's figures
     (delta against its base, runs, wall time, who proposed it), and for the DETAILED latest experiments (and every
     keep) the diff against its base and its runs' learning curves; the baseline band and the best's mean curve.
-    report: the report module (its functions make the figures). Nothing here raises on a missing or torn input: a
+    Nothing here raises on a missing or torn input: a
     run without events shows its rows only."""
     events = run.events or []
-    smoke = [r for r in run.rows if report.is_smoke(r)]
-    rows = [r for r in run.rows if not report.is_smoke(r)] or smoke
-    exps = {e["commit"]: e for e in report.experiment_events(events, run.tag)     # events as written; a hand-edited
+    smoke = [r for r in run.rows if analysis.is_smoke(r)]
+    rows = [r for r in run.rows if not analysis.is_smoke(r)] or smoke
+    exps = {e["commit"]: e for e in analysis.experiment_events(events, run.tag)     # events as written; a hand-edited
             if isinstance(e.get("commit"), str) and isinstance(e.get("full_commit", ""), str)}  # one may be odd
-    epochs = report.epochs_of(run, rows)
-    summary = report.summarize(epochs[-1].rows, run.metric_name, run.goal)   # one hardware's numbers
-    rule = report.rule_of(run) if events else None
-    noise_sd, noise_runs = report.noise_of(run) if events else (None, 0)
+    epochs = analysis.epochs_of(run, rows)
+    summary = analysis.summarize(epochs[-1].rows, run.metric_name, run.goal)   # one hardware's numbers
+    rule = analysis.rule_of(run) if events else None
+    noise_sd, noise_runs = analysis.noise_of(run) if events else (None, 0)
     tails = {e.get("commit"): e["log_tail"] for e in events      # a crashed run's log tail (its last run's)
              if e.get("event") == Event.RUN_END and (run.tag is None or e.get("tag") == run.tag) and e.get("log_tail")}
-    who, _ = report.proposers_of(events, run.tag)
+    who, _ = analysis.proposers_of(events, run.tag)
     table = []
     for i, row in enumerate(run.rows):
         e = exps.get(row.commit, {})
-        metric = number(row.metric) if report.has_metric(row) else None
+        metric = number(row.metric) if analysis.has_metric(row) else None
         base_metric = number(e.get("base_metric"))
         runs = e.get("runs") if isinstance(e.get("runs"), list) else []
         table.append({"i": i, "n": e["n"] if type(e.get("n")) is int else i, "commit": text(row.commit),
@@ -175,18 +175,18 @@ def gather(run, report, live=False, stale_s=3600.0):
                       else [], "gain": number(e.get("gain")),
                       "remeasured": e["remeasured"] if type(e.get("remeasured")) is int else 0,
                       "tokens_per_sec": number(e.get("tokens_per_sec"), 0), "cost": number(e.get("cost_usd"), 4),
-                      "smoke": report.is_smoke(row), "cancelled": bool(e.get("cancelled")),
-                      "epoch": report.epoch_of_row(row.description),
+                      "smoke": analysis.is_smoke(row), "cancelled": bool(e.get("cancelled")),
+                      "epoch": analysis.epoch_of_row(row.description),
                       "tail": text(tails.get(row.commit))[-4000:]})
     detailed = {t["commit"] for t in table[-DETAILED:]} | {t["commit"] for t in table if t["status"] == "keep"}
     for t in table:
         t["detail"] = t["commit"] in detailed
     firsts = {k.number: k.rows[0].commit for k in epochs if k.rows}        # each hardware epoch's baseline
     bases = {t["base"] for t in table if t["detail"]} | set(firsts.values())
-    margins = {k: number(r.margin) for k, c in firsts.items() if (r := report.rule_of(run, exps.get(c)) if events
+    margins = {k: number(r.margin) for k, c in firsts.items() if (r := analysis.rule_of(run, exps.get(c)) if events
                                                                   and exps.get(c) else None) is not None}
     curve_data = {}
-    for commit, logs in report.curve_logs(run, detailed | bases).items():
+    for commit, logs in analysis.curve_logs(run, detailed | bases).items():
         if found := [points for log in logs if (points := curve_points(log))]:
             curve_data[commit] = {"runs": found, "mean": mean_band(found) if commit in bases else []}
     diffs = {}
@@ -201,10 +201,10 @@ def gather(run, report, live=False, stale_s=3600.0):
                      if e.get("full_commit") in full}
     holdout = next((e.get("line") for e in reversed(events) if e.get("event") == Event.HOLDOUT
                     and (run.tag is None or e.get("tag") == run.tag)), None)
-    stats = report.event_stats(events, run.tag) if events else None
-    lines = [line for line in (report.proposers_of(events, run.tag)[1], report.cancelled_of(events, run.tag),
-                               *report.memory_of(events, run.tag, run.goal)) if line]
-    lines += report.epoch_lines(epochs, run.goal)
+    stats = analysis.event_stats(events, run.tag) if events else None
+    lines = [line for line in (analysis.proposers_of(events, run.tag)[1], analysis.cancelled_of(events, run.tag),
+                               *analysis.memory_of(events, run.tag, run.goal)) if line]
+    lines += analysis.epoch_lines(epochs, run.goal)
     if smoke and rows is not smoke:
         lines.append(f"{len(smoke)} rows with a shortened budget are apart from the figures above (marked smoke)")
     best_row = next((t for t in table if t["commit"] == summary.best_commit), None)
@@ -213,21 +213,21 @@ def gather(run, report, live=False, stale_s=3600.0):
         "title": text(run.title), "metric": text(run.metric_name), "goal": run.goal, "tag": text(run.tag),
         "written": written, "written_text": datetime.datetime.fromtimestamp(written).strftime("%Y-%m-%d %H:%M:%S"),
         "live": bool(live), "reload_s": RELOAD_S, "stale_s": stale_s,
-        "summary": text(report.format_summary(summary)), "notes": [text(n) for n in run.notes],
+        "summary": text(analysis.format_summary(summary)), "notes": [text(n) for n in run.notes],
         "noise": ({"sd": number(noise_sd), "runs": noise_runs} if noise_sd is not None else None),
         "confidence": (number(summary.improvement / noise_sd, 2) if noise_sd and summary.improvement is not None
                        else None),
         "rule": text(rule.words(run.metric_name)) if rule else None,
         "margins": margins,
-        "throughput": [text(x) for x in report.throughput_of(run)],
+        "throughput": [text(x) for x in analysis.throughput_of(run)],
         "spend": ({"input_tokens": stats.input_tokens, "output_tokens": stats.output_tokens,
                    "cost_usd": number(stats.cost_usd, 4),
-                   "time": text(report.format_events(stats).splitlines()[0].removeprefix("time").strip())}
+                   "time": text(analysis.format_events(stats).splitlines()[0].removeprefix("time").strip())}
                   if stats else None),
         "holdout": text(holdout.removeprefix("holdout").lstrip(": ")) if holdout else None,
         "lines": [text(x) for x in lines],
         "kept": [{"commit": text(k["commit"]), "metric": number(k["metric"]), "gain": number(k["gain"]),
-                  "description": text(k["description"])} for k in report.kept_table(epochs[-1].rows, run.goal)],
+                  "description": text(k["description"])} for k in analysis.kept_table(epochs[-1].rows, run.goal)],
         "rows": table, "curves": curve_data, "diffs": diffs,
         "baselines": firsts,
         "best": best_row["commit"] if best_row else None,
@@ -522,16 +522,17 @@ def render(data, png=None):
             + f"<script>{SCRIPT}</script>\n</body></html>\n")
 
 
-def write(run, path, report, live=False, stale_s=3600.0):
+def write(run, path, live=False, stale_s=3600.0):
     """Gather run's data, draw its progress plot and write the page at path atomically. Returns the Path."""
-    data = gather(run, report, live=live, stale_s=stale_s)
-    rows = [r for r in run.rows if not report.is_smoke(r)] or run.rows
-    epochs = report.epochs_of(run, rows)                # the plot, as the summary: the latest hardware's rows
+    data = gather(run, live=live, stale_s=stale_s)
+    rows = [r for r in run.rows if not analysis.is_smoke(r)] or run.rows
+    epochs = analysis.epochs_of(run, rows)                # the plot, as the summary: the latest hardware's rows
     buf = io.BytesIO()
     try:
-        rule = report.rule_of(run) if run.events else None
-        report.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
-                             title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
+        from harness import plots       # matplotlib, loaded when a page is drawn
+        rule = analysis.rule_of(run) if run.events else None
+        plots.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
+                            title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
     except Exception as e:  # noqa: BLE001  (numbers matplotlib cannot draw: the page without its plot)
         data["lines"].append(text(f"progress plot not drawn ({type(e).__name__}: {str(e)[:200]})"))
         buf = None
@@ -543,9 +544,8 @@ def refresh(s, live=True, timeout_s=1800.0):
     older than twice timeout_s, a run's hard limit, plus ten minutes) and at its stop (live=False). A failure is one warning:
     the page is a view, never a reason to lose an experiment."""
     try:
-        import report                   # the repository's report.py: the figures the page shows (lazy: matplotlib)
-        run = report.load_run(s.target / "results.tsv", tag=s.settings.tag)
-        write(run, s.target / PAGE, report, live=live, stale_s=2 * timeout_s + 600)
+        run = analysis.load_run(s.target / "results.tsv", tag=s.settings.tag)
+        write(run, s.target / PAGE, live=live, stale_s=2 * timeout_s + 600)
     except Exception as e:  # noqa: BLE001  (a view: any failure is a warning)
         if not getattr(s, "dashboard_warned", False):
             s.dashboard_warned = True

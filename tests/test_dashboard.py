@@ -134,7 +134,7 @@ def test_page_in_a_real_browser_shows_table_curve_and_diff_and_runs_no_planted_s
 
 def test_gathered_figures_match_the_run(tmp_path):
     target = planted_run(tmp_path)
-    data = dashboard.gather(report.load_run(target), report)
+    data = dashboard.gather(report.load_run(target))
     rows = {r["n"]: r for r in data["rows"]}
     assert rows[1]["delta"] == pytest.approx(-0.02) and rows[1]["runs"] == [0.98, 0.981]
     assert rows[2]["delta"] == pytest.approx(0.01) and rows[3]["metric"] is None
@@ -169,7 +169,7 @@ def test_write_is_atomic_and_a_failure_keeps_the_old_page(tmp_path, monkeypatch)
         raise RuntimeError("render failed")
     monkeypatch.setattr(dashboard, "render", broken)
     with pytest.raises(RuntimeError):
-        dashboard.write(report.load_run(target), page, report)
+        dashboard.write(report.load_run(target), page)
     assert page.read_text() == "the old page" and sorted(p.name for p in target.iterdir() if p.name.startswith("."))\
         == [".git"]
     monkeypatch.undo()
@@ -185,7 +185,7 @@ def test_json_in_the_page_cannot_close_its_script_element():
 
 def test_csp_allows_only_the_page_script(tmp_path):
     target = planted_run(tmp_path)
-    source = dashboard.write(report.load_run(target), tmp_path / "p.html", report).read_text()
+    source = dashboard.write(report.load_run(target), tmp_path / "p.html").read_text()
     policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', source).group(1)
     assert "default-src 'none'" in policy and "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
     scripts = re.findall(r"<script>(.*?)</script>", source, re.S)

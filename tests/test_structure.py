@@ -94,3 +94,48 @@ def test_the_readers_select_by_kind_and_tag():
     assert schema.last(events, Event.STOP) is None
     with pytest.raises(ValueError, match="'runs' is not an event name"):
         schema.of(events, "runs")
+
+
+def harness_imports():
+    """{module of harness/: the harness modules and top-level scripts it imports}, at any depth (a function's lazy
+    import counts)."""
+    scripts = {"agent", "report", "prepare", "train"}
+    graph = {}
+    for path in sorted((REPO / "harness").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "harness":
+                    found |= {a.name for a in node.names}
+                elif node.module.startswith("harness."):
+                    found.add(node.module.split(".")[1])
+                elif node.module.split(".")[0] in scripts:
+                    found.add(node.module.split(".")[0] + ".py")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    top = a.name.split(".")
+                    found.add(top[1] if top[0] == "harness" and len(top) > 1 else
+                              top[0] + ".py" if top[0] in scripts else "")
+        graph[path.stem] = found - {"", path.stem}
+    return graph
+
+
+def test_harness_imports_no_script_and_has_no_import_circle():
+    graph = harness_imports()
+    assert len(graph) >= 40 and "ledger" in graph["experiment"]
+    scripts = {m: sorted(d for d in deps if d.endswith(".py")) for m, deps in graph.items()}
+    assert {m: d for m, d in scripts.items() if d} == {}, "harness/ imports a top-level script"
+    circles, state = [], {}
+
+    def visit(m, path):                 # depth-first; a module met again on the current path closes a circle
+        state[m] = "open"
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == "open":
+                circles.append(path[path.index(d):] + [d])
+            elif d in graph and d not in state:
+                visit(d, path + [d])
+        state[m] = "done"
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
