@@ -63,7 +63,7 @@ EDITS = [
 RULES = {                               # (the rule before its noise is measured, baseline runs)
     "strict": (Rule("min", confirm=0), 1),
     "margin": (Rule("min", confirm=1), 3),
-    "paired": (Rule("min", confirm=3, paired=True), 3),
+    "paired": (Rule("min", confirm=3, verdict="paired"), 3),
 }
 MATCH_RATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.49)  # --false-keep-rate values tried for "paired at the margin rule's rate"
 
@@ -109,7 +109,7 @@ def one_tag(template, baseline_runs, table, names, rng, verdicts):
     base_seeds = seeds[:baseline_runs]
     base_runs = [table["baseline"][s] for s in base_seeds]
     rule = Rule(template.goal, template.confirm, None, statistics.stdev(base_runs) if len(base_runs) > 1 else None,
-                len(base_runs), paired=template.paired, false_keep=template.false_keep)
+                len(base_runs), verdict=template.verdict, false_keep=template.false_keep)
     best_known, done, found = set(base_seeds), [], []
     for _ in range(verdicts):
         name = rng.choice(names)
@@ -193,7 +193,7 @@ def main():
         return statistics.fmean(status == "keep" for name, status, _ in found if name in noops)
     matched = None                              # the paired rule at the largest rate keeping no more no-ops than margin
     for rate in MATCH_RATES:
-        found = judged(Rule("min", confirm=3, paired=True, false_keep=rate), 3)
+        found = judged(Rule("min", confirm=3, verdict="paired", false_keep=rate), 3)
         if false_keeps(found) <= false_keeps(results["margin"]):
             matched = (rate, found)
     if matched:

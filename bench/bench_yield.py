@@ -303,7 +303,7 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
     baseline_curves = list(best["curves"].values())
     values = list(best["runs"].values())
     if arm.paired:
-        rule = verdict.Rule("min", verdict.PAIRED_CONFIRM, None, statistics.stdev(values), k_base, paired=True,
+        rule = verdict.Rule("min", verdict.PAIRED_CONFIRM, None, statistics.stdev(values), k_base, verdict="paired",
                             false_keep=arm.false_keep)
     else:
         rule = verdict.Rule("min", 0)

@@ -8,8 +8,8 @@ files a change touches.
     checks      each refusal open_session makes (SetupError with the way out), one function each
     ideas       proposing: waves, the repair loop, fixes, "already measured / in flight", the Backlog of ideas
     experiment  one experiment's steps: commit, train (through a backend), judge, record(Result), keep
-    verdict     the keep/discard/crash rule (Rule, judge_paired, judge, Verdict) and its words for the prompt, `try`
-                and report.py
+    verdict     the keep/discard/crash rule: Rule, the verdict rules by name (RULES: paired, margin), Verdict,
+                and their words for the prompt, `try` and report.py
     curves      a run's learning curve (train.py's progress lines, kept beside its log) and the early-cancel rule
     conditions  the conditions a run ran under, measured by the harness: the speed probe, the wall-time allowance
     backends    where a run goes: Backend.run(spec, watch) -> Outcome; Local here (cluster.RayBackend on Ray)

@@ -21,7 +21,7 @@ from harness.ledger import (SMOKE_LABEL, STATUSES, archive_path, baseline_of, ep
                             hardware_events, is_baseline, load_results, read_events, rows_by_tag, select_tag, tag_state)
 from harness.schema import Event
 from harness.target import read_literals
-from harness.verdict import FALSE_KEEP, rule_of as verdict_rule
+from harness.verdict import RULES, rule_of as verdict_rule, settings_of
 
 # ---------------------------------------------------------------------------
 # Loading (tolerant: the agent may be appending while we read)
@@ -386,10 +386,9 @@ def rule_of(run, baseline=None):
     logged."""
     tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")
     state = tag_state(run.events or [], tag)
-    if state.rule is None:
+    if state.rule is None or (state.rule.get("verdict") or "margin") not in RULES:   # a rule this version lacks
         return None
-    return verdict_rule(run.goal, state.rule["confirm"], state.rule["margin"], baseline or baseline_of(state.history),
-                        paired=state.rule["verdict"] == "paired", false_keep=state.rule["false_keep"] or FALSE_KEEP)
+    return verdict_rule(run.goal, baseline=baseline or baseline_of(state.history), **settings_of(state.rule))
 
 
 def throughput_of(run):

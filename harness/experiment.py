@@ -247,11 +247,10 @@ def mean_curve(best, curve, until):
 
 def judge(s, n, fix, first, base, base_metric, device=None):
     """The tag's rule on this candidate's first run against the best it was built on (commit `base`, its metric
-    base_metric), its further runs trained here (on `device`), each logged. The paired rule: verdict.judge_paired,
-    the best's run at each seed taken from s.measured, or run now (a "rerun_best" event) when there is none or the
-    candidate's speed probe differs from it (conditions.differ). The margin rule: verdict.judge against the best's
-    mean, or against the best re-run now at the candidate's seed when the probes differ. Safe in a worker thread.
-    Returns a Verdict."""
+    base_metric), its further runs trained here (on `device`), each logged; the rule decides (verdict.RULES: the
+    paired rule judges on the best's run at each seed, taken from s.measured or run now, a "rerun_best" event, when
+    there is none or the candidate's speed probe differs from it; the margin rule against the best's mean, or the
+    best re-run now at the candidate's seed when the probes differ). Safe in a worker thread. Returns a Verdict."""
     def run_again(run):
         s.status(n, f"run {run + 1} of at most {1 + s.rule.confirm}" if s.rule.is_paired else
                  f"confirmation run {run} of {s.rule.confirm}")
@@ -276,16 +275,12 @@ def judge(s, n, fix, first, base, base_metric, device=None):
                                  f"(probes {outcome.probe_s:.3f}s, {again.probe_s:.3f}s): judged on the runs before")
         return again.metric, then is not None, ""
 
-    if s.rule.is_paired:
+    def pooled():
         with s.lock:
-            pooled = verdict.pooled_of(s.rule, [(e["runs"], e.get("best_runs"))    # this hardware's verdicts
-                                                for e in ledger.since_baseline(s.history)])
-        return verdict.judge_paired(first, run_again, s.rule, best_at, pooled)
-    if first.metric is not None and s.rule.confirm and conditions.differ(first.probe_s, then := best_probe(s, base)):
-        value, _, why = best_at(0, first, then)
-        if value is not None:
-            return dataclasses.replace(verdict.judge(first, run_again, s.rule, value), best=(value,), remeasured=1)
-    return verdict.judge(first, run_again, s.rule, base_metric)
+            return verdict.pooled_of(s.rule, [(e["runs"], e.get("best_runs"))     # this hardware's verdicts
+                                              for e in ledger.since_baseline(s.history)])
+
+    return s.rule.judge(first, run_again, verdict.Best(base_metric, best_at, lambda: best_probe(s, base), pooled))
 
 
 @locked
@@ -462,16 +457,14 @@ def record_baseline(s, outcomes, t0, spend0):
     again = dict(rebaseline=True) if n else {}     # built on the best; no base_metric: another machine measured it
     record(s, Result(n, outcomes[-1], judged, "baseline on new hardware" if n else "baseline", time.monotonic() - t0,
                      s.spend - spend0, noise_sd=noise_sd, base=s.best_commit if n else None,
-                     fields=dict(confirm=rule.confirm, margin=rule.margin_flag,     # the tag's rule from now on
-                                 verdict="paired" if rule.paired else "margin",
-                                 false_keep=rule.false_keep if rule.paired else None, seed_base=s.seed_base,
+                     fields=dict(**rule.recorded(), seed_base=s.seed_base,         # the tag's rule from now on
                                  sd_floor=floor, floor_source=floor_source,
                                  base_probe_s=statistics.fmean(probes) if probes else None, timeout_s=s.timeout,
                                  **again)))
     if n:
         keep(s, s.history[-1])
     s.best_metric = s.baseline_metric = s.history[-1]["metric"]
-    s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], paired=rule.paired,
+    s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], verdict=rule.verdict,
                              false_keep=rule.false_keep)
     if noise_sd is not None:
         console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; " + (

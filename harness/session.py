@@ -25,7 +25,7 @@ from pathlib import Path
 import git
 
 from harness import (checks, console, curves, dashboard, gitops, hardware, ledger, memory, prompts, runner,
-                     sandbox, schema, tracking)
+                     sandbox, schema, tracking, verdict)
 from harness.errors import SetupError
 from harness.edits import fingerprint
 from harness.gitops import git_blob_sha
@@ -391,16 +391,15 @@ def new_session(settings, target, constants, state, profile=None):
 
 
 def tag_rule(settings, state):
-    """{confirm, margin, paired, false_keep} of the verdict rule: the tag's, once its baseline is recorded (one rule
-    per tag, like the budget: checks.one_rule refuses other explicit flags), else this invocation's flags or the
-    defaults: the paired rule (the margin rule when --margin is given)."""
+    """{confirm, margin, verdict, false_keep} of the verdict rule (verdict.rule_of's): the tag's, once its baseline
+    is recorded (one rule per tag, like the budget: checks.one_rule refuses other explicit flags), else this
+    invocation's flags or the defaults: verdict.DEFAULT (the margin rule when --margin is given)."""
     if state.rule is not None:
-        rule = state.rule
-        return dict(confirm=rule["confirm"], margin=rule["margin"], paired=rule["verdict"] == "paired",
-                    false_keep=rule["false_keep"] or FALSE_KEEP)
-    paired = (settings.verdict or ("margin" if settings.margin is not None else "paired")) == "paired"
+        return verdict.settings_of(state.rule)
+    name = settings.verdict or ("margin" if settings.margin is not None else verdict.DEFAULT)
+    paired = verdict.RULES[name].pairs_seeds
     confirm = settings.confirm if settings.confirm is not None else PAIRED_CONFIRM if paired else DEFAULT_CONFIRM
-    return dict(confirm=confirm, margin=settings.margin, paired=paired, false_keep=settings.false_keep or FALSE_KEEP)
+    return dict(confirm=confirm, margin=settings.margin, verdict=name, false_keep=settings.false_keep or FALSE_KEEP)
 
 
 def measured_runs(s, all_events):
@@ -463,8 +462,7 @@ def place_branch(s):
     """Create the branch from HEAD, or find the best commit of a resumed one (moving the branch to it when a kill
     came between a keep's event and its move; adopting commits a human added on top)."""
     checks.branch_exists_for_history(s)
-    rule = dict(confirm=s.rule.confirm, margin=s.rule.margin_flag, verdict="paired" if s.rule.paired else "margin",
-                false_keep=s.rule.false_keep if s.rule.paired else None)
+    rule = s.rule.recorded()
     if s.branch not in s.repo.heads:
         s.repo.create_head(s.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha

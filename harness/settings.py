@@ -11,10 +11,9 @@ import os
 import re
 from pathlib import Path
 
-from harness import curves, memory, tracking
+from harness import curves, memory, providers, tracking, verdict
 from harness.edits import EMPTY_DESCRIPTION, clean_description
 from harness.pool import parse_devices
-from harness import providers
 from harness.proposers import PROPOSERS
 from harness.providers import PROVIDERS, RETRY_CAP_S
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM
@@ -237,7 +236,7 @@ def add_common_flags(p):
     p.add_argument("--margin", type=number(0), help="the margin rule: how much a candidate must beat the best by, "
                    "in metric units (default: 2 x the noise sd measured by the baseline runs; 0, strictly better, "
                    "with --confirm 0 or one baseline run). Fixed for a tag when its baseline is recorded")
-    p.add_argument("--verdict", choices=("paired", "margin"), help="paired (the default for a new tag): each run of "
+    p.add_argument("--verdict", choices=tuple(verdict.RULES), help="paired (the default for a new tag): each run of "
                    "a candidate uses the seed of a run of the best and the candidate is judged on the differences, "
                    f"with a sequential t-test of up to 1 + C runs (--confirm C, default {PAIRED_CONFIRM}); margin: its "
                    "mean must beat the best's by --margin (default 2 noise sds), confirmed by C more runs (default "

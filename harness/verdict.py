@@ -1,16 +1,19 @@
 """
 HARNESS: the verdict rule, the one place it exists. Keep, discard or crash for a candidate's measured runs: a Rule
-(the goal, the margin, the number of confirmation runs, paired or not) and judge() (the margin rule) or
-judge_paired() (the paired sequential rule), which ask for further runs (and the best's, at the same seeds) through
-callables and never change an Outcome. Rule.words() states the rule for the LLM's system prompt, the `try` verdict
-block and report.py, so none of them can say it otherwise. Pure: no git, no files, no processes.
+(the goal, the margin, the number of confirmation runs, which verdict rule) and the verdict rules registered in RULES
+by name (--verdict): Margin (judge(): the mean against the margin) and Paired (judge_paired(): the sequential paired
+test). A rule asks for further runs and the best's (Best) through callables and never changes an Outcome; it states
+itself in words for the LLM's system prompt, the `try` verdict block and report.py, so none of them can say it
+otherwise, and says which of its settings the tag records. Pure: no git, no files, no processes.
 """
 
 import dataclasses
 import math
 import statistics
+from typing import Callable
 
 from harness import conditions
+from harness.errors import SetupError
 
 MARGIN_SDS = 2              # the margin rule's default margin: this many noise sds (the baseline's runs' spread)
 DEFAULT_CONFIRM = 1         # the margin rule: confirmation runs of a likely win, unless --confirm says otherwise
@@ -68,9 +71,10 @@ class Rule:
     """The tag's verdict rule. goal: "min" or "max"; confirm: further runs a likely win gets (0: the first run
     decides, karpathy's strict ratchet); margin_flag: --margin in metric units (None: MARGIN_SDS x noise_sd when
     confirming, else 0); noise_sd: the spread of the baseline's runs (None: not measured, one run); noise_runs: how
-    many baseline runs measure it (before the baseline is measured: how many will); paired: judged on the differences
-    to the best's runs at the same seeds (judge_paired; confirm is then the most runs after the first) rather than on
-    the mean against the margin (judge); false_keep: the paired rule's false-keep rate for a no-op."""
+    many baseline runs measure it (before the baseline is measured: how many will); verdict: the name of its verdict
+    rule in RULES ("paired": judged on the differences to the best's runs at the same seeds, confirm then the most
+    runs after the first; "margin": the mean against the margin); false_keep: the paired rule's false-keep rate for a
+    no-op."""
     goal: str
     confirm: int = 1
     margin_flag: float | None = None
@@ -78,18 +82,42 @@ class Rule:
     noise_runs: int = 1
     sd_floor: float = 0.0       # the least noise sd assumed (see sd_floor()): identical baseline runs give sd 0
     floor_source: str = ""      # where sd_floor comes from, in words
-    paired: bool = False
+    verdict: str = "margin"     # its verdict rule: a name in RULES
     false_keep: float = FALSE_KEEP
 
     @property
+    def kind(self):
+        """Its verdict rule (RULES[verdict]): what judges, states and records it; with --confirm 0 the strict ratchet
+        (STRICT: the first run decides) whatever the name."""
+        return RULES[self.verdict] if self.confirm > 0 else STRICT
+
+    @property
+    def paired(self):
+        """Whether its verdict rule runs a candidate at the best's seeds (common random numbers)."""
+        return RULES[self.verdict].pairs_seeds
+
+    @property
     def is_paired(self):
-        """Whether judge_paired decides: the paired rule with confirmation runs (the strict ratchet never pairs)."""
+        """Whether the candidate's runs pair with the best's: a pairing rule with confirmation runs (the strict
+        ratchet never pairs)."""
         return self.paired and self.confirm > 0
 
     @property
     def name(self):
-        """The rule's name, as the baseline event records it: "paired", "margin" or "strict"."""
-        return "paired" if self.is_paired else "margin" if self.confirm > 0 else "strict"
+        """The rule's name, as the config event shows it: its verdict's, or "strict" (--confirm 0)."""
+        return self.verdict if self.confirm > 0 else "strict"
+
+    def judge(self, first, run_again, best):
+        """The Verdict of its verdict rule on a candidate whose first run is `first` (a runner Outcome); run_again(run)
+        -> Outcome runs it again (run 1..confirm); best: the Best it was built on."""
+        return self.kind.judge(self, first, run_again, best)
+
+    def recorded(self):
+        """The settings a tag records with its start and its baseline, and reads back (settings_of): confirm,
+        --margin, the verdict rule's name and its own settings (VerdictRule.own: the paired rule's false-keep rate;
+        None for the others)."""
+        return dict(confirm=self.confirm, margin=self.margin_flag, verdict=self.verdict, false_keep=None) | \
+            RULES[self.verdict].own(self)
 
     @property
     def sd(self):
@@ -136,14 +164,8 @@ class Rule:
 
     def band(self):
         """(width in metric units, legend words) of the band progress.png draws on the better side of the running
-        best: the margin a keep needs, or under the paired rule the near-miss width (a gain that small is rarely
-        kept: the paired test decides from 2-4 runs). (0.0, "") when the rule has no margin (strict)."""
-        if not self.margin:
-            return 0.0, ""
-        if self.is_paired:
-            return self.margin, (f"near miss: a gain under {self.margin:.4g} ({MARGIN_SDS} noise sd) is rarely kept; "
-                                 "the paired test over 2-4 runs decides")
-        return self.margin, f"margin {self.margin:.4g} ({self.source}): a smaller gain is discarded"
+        best (its verdict rule's); (0.0, "") when the rule has no margin (strict)."""
+        return self.kind.band(self) if self.margin else (0.0, "")
 
     def gain(self, metric, best):
         """How much metric is better than best (positive: better), whatever the goal."""
@@ -155,24 +177,8 @@ class Rule:
 
     def why(self, judged):
         """Why a keep or a discard with no reason of its own (judged: its Verdict) was decided so, for `try`'s
-        reason: line: the paired gain and t against the bar, or the margin."""
-        n, gain = len(judged.runs), judged.gain
-        if gain is None:
-            margin = f"by more than the margin {self.margin:.6f}" if self.margin else ""
-            return (f"kept: its {'mean' if n > 1 else 'run'} beat the best {margin}".rstrip() if judged.status == "keep"
-                    else f"not kept: its {'mean' if n > 1 else 'run'} did not beat the best {margin}".rstrip())
-        t = f", t {judged.t:.1f}" if judged.t is not None else ""
-        runs = f"{n} run{'s' if n > 1 else ''}"
-        if judged.status == "keep":
-            return (f"kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}), above the "
-                    f"one-sided t-test's bar at a false-keep rate of {self.false_keep:g}")
-        if gain <= 0:
-            return f"not kept: not better than the best's runs at the same seeds (mean gain {gain:+.6f}, {runs})"
-        if n == 1:
-            return (f"not kept: its first run beat the best's at the same seed by {gain:+.6f}, within "
-                    f"{FIRST_LOOK:g} paired sds: too close to be worth more runs")
-        return (f"not kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}) is not above "
-                f"the one-sided t-test's bar at a false-keep rate of {self.false_keep:g}: it may be noise")
+        reason: line (its verdict rule's words)."""
+        return self.kind.why(self, judged)
 
     def near_miss(self, metric, base):
         """A discard within the margin of the best it was judged against: an idea worth combining with another."""
@@ -214,45 +220,20 @@ class Rule:
         return "discard" if len(diffs) >= 1 + self.confirm else None
 
     def words(self, metric="the metric"):
-        """The rule in one paragraph, as the system prompt, `agent.py try` and report.py state it."""
-        if self.is_paired:
-            return (f"Results carry noise (the seed of init and data order changes from run to run), so each run of "
-                    f"an edit uses the seed of a run of the best and the edit is judged on the differences: kept "
-                    f"when their mean beats 0 by more than a one-sided t-test at a false-keep rate of "
-                    f"{self.false_keep:.0%} allows (after 2 to {1 + self.confirm} runs; it stops after the first "
-                    f"run when that run is not clearly better than the best's at the same seed, and whenever the "
-                    f"mean difference is not better); otherwise it is reverted. The best is run again at a seed when "
-                    f"the harness's speed probe says the machine's speed changed by more than "
-                    f"{conditions.SHARE:.0%} since. An edit whose runs with other seeds repeat one result ignores "
-                    f"AUTORESEARCH_SEED and is not kept.")
-        if self.margin_flag is not None:
-            margin = f"a margin of {self.margin_flag:g} (--margin)"
-        elif self.noise_aware:
-            margin = f"a noise margin ({MARGIN_SDS} x the sd of the baseline's runs with different seeds)"
-        else:
-            margin = None
-        better = f"beats the best {metric} by more than {margin}" if margin else f"beats the best {metric}"
-        if self.confirm == 0:
-            return (f"An edit is kept if its single run {better}; otherwise it is reverted. There is no confirmation "
-                    "run: the first run decides.")
-        runs = "a second run with another seed" if self.confirm == 1 else f"{self.confirm} more runs with other seeds"
-        return (f"Results carry noise (the seed of init and data order changes from run to run): an edit is kept "
-                f"only if its run {better}, confirmed by {runs} (the mean of all its runs must still beat it); "
-                f"otherwise it is reverted. The best is run again first when the harness's speed probe says the "
-                f"machine's speed changed by more than {conditions.SHARE:.0%} since it was measured, and the edit "
-                "is judged against that run. An edit whose runs with other seeds repeat one result ignores "
-                "AUTORESEARCH_SEED and is not kept.")
+        """The rule in one paragraph, as the system prompt, `agent.py try` and report.py state it (--confirm 0: the
+        strict ratchet, whatever the verdict rule)."""
+        return self.kind.words(self, metric)
 
 
-def rule_of(goal, confirm, margin, baseline=None, runs=1, paired=False, false_keep=FALSE_KEEP):
-    """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the paired rule or not and its
-    false-keep rate (the tag's: ledger.TagState.rule), whose baseline's "experiment" event is `baseline` (its
-    noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it. agent.py and
+def rule_of(goal, confirm, margin, baseline=None, runs=1, verdict="margin", false_keep=FALSE_KEEP):
+    """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the verdict rule named `verdict` and its
+    false-keep rate (the tag's: settings_of(ledger.TagState.rule)), whose baseline's "experiment" event is `baseline`
+    (its noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it. agent.py and
     report.py build a tag's rule here."""
     if baseline is None:
-        return Rule(goal, confirm, margin, None, runs, paired=paired, false_keep=false_keep)
+        return Rule(goal, confirm, margin, None, runs, verdict=verdict, false_keep=false_keep)
     return Rule(goal, confirm, margin, baseline.get("noise_sd"), len(baseline.get("runs") or [0]),
-                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "", paired, false_keep)
+                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "", verdict, false_keep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,3 +427,143 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
     if seed_why := seed_ignored(rule, runs, best):
         return Verdict("discard", tuple(runs), mean, seed_why, **paired)
     return Verdict(decision or "discard", tuple(runs), mean, "" if decision else why, **paired)
+
+
+# ---------------------------------------------------------------------------
+# The verdict rules, by name (--verdict): each judges, states itself and records its settings
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Best:
+    """What a verdict rule may ask of the best a candidate was built on. metric: the mean of its runs; at(run,
+    outcome, then=None) -> (metric | None, remeasured, reason): its metric at run's seed under the conditions of the
+    candidate's `outcome` (its recorded run, or run anew when the speed probes differ: harness.experiment; then: its
+    probe when known); probe() -> its mean speed probe (None: not measured); pooled() -> (sum of squared deviations,
+    degrees of freedom) of the tag's earlier paired verdicts (pooled_of)."""
+    metric: float
+    at: Callable
+    probe: Callable = lambda: None
+    pooled: Callable = lambda: (0.0, 0)
+
+
+class VerdictRule:
+    """The protocol of a verdict rule (a RULES entry). name: its --verdict value, recorded by the tag; pairs_seeds:
+    whether a candidate's runs use the best's seeds (the harness then runs the best at a seed it lacks). judge(rule,
+    first, run_again, best) -> Verdict; words(rule, metric): the rule in one paragraph; band(rule): (width, legend) of
+    progress.png's band; why(rule, judged): a verdict's reason for `try` (the default reads the Verdict: a paired gain
+    and t, or the margin); own(rule): its settings the tag records beside confirm and the margin."""
+    name = ""
+    pairs_seeds = False
+
+    def own(self, rule):
+        return {}
+
+    def judge(self, rule, first, run_again, best):
+        raise NotImplementedError
+
+    def words(self, rule, metric):
+        raise NotImplementedError
+
+    def band(self, rule):
+        return rule.margin, f"margin {rule.margin:.4g} ({rule.source}): a smaller gain is discarded"
+
+    def why(self, rule, judged):
+        n, gain = len(judged.runs), judged.gain
+        if gain is None:
+            margin = f"by more than the margin {rule.margin:.6f}" if rule.margin else ""
+            return (f"kept: its {'mean' if n > 1 else 'run'} beat the best {margin}".rstrip() if judged.status == "keep"
+                    else f"not kept: its {'mean' if n > 1 else 'run'} did not beat the best {margin}".rstrip())
+        t = f", t {judged.t:.1f}" if judged.t is not None else ""
+        runs = f"{n} run{'s' if n > 1 else ''}"
+        if judged.status == "keep":
+            return (f"kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}), above the "
+                    f"one-sided t-test's bar at a false-keep rate of {rule.false_keep:g}")
+        if gain <= 0:
+            return f"not kept: not better than the best's runs at the same seeds (mean gain {gain:+.6f}, {runs})"
+        if n == 1:
+            return (f"not kept: its first run beat the best's at the same seed by {gain:+.6f}, within "
+                    f"{FIRST_LOOK:g} paired sds: too close to be worth more runs")
+        return (f"not kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}) is not above "
+                f"the one-sided t-test's bar at a false-keep rate of {rule.false_keep:g}: it may be noise")
+
+
+def beats_words(rule, metric):
+    """"beats the best <metric>" with the margin it must beat it by, in words."""
+    if rule.margin_flag is not None:
+        margin = f"a margin of {rule.margin_flag:g} (--margin)"
+    elif rule.noise_aware:
+        margin = f"a noise margin ({MARGIN_SDS} x the sd of the baseline's runs with different seeds)"
+    else:
+        margin = None
+    return f"beats the best {metric} by more than {margin}" if margin else f"beats the best {metric}"
+
+
+class Margin(VerdictRule):
+    """The margin rule (judge()): the first run must beat the best by the margin, confirm more runs with other seeds
+    keep it only if their mean still does; the best is re-run at the candidate's seed first when the speed probes
+    differ. With --confirm 0 it is the strict ratchet (STRICT)."""
+    name = "margin"
+
+    def judge(self, rule, first, run_again, best):
+        if first.metric is not None and rule.confirm and conditions.differ(first.probe_s, then := best.probe()):
+            value, _, why = best.at(0, first, then)
+            if value is not None:
+                return dataclasses.replace(judge(first, run_again, rule, value), best=(value,), remeasured=1)
+        return judge(first, run_again, rule, best.metric)
+
+    def words(self, rule, metric):
+        better = beats_words(rule, metric)
+        if rule.confirm == 0:
+            return (f"An edit is kept if its single run {better}; otherwise it is reverted. There is no confirmation "
+                    "run: the first run decides.")
+        runs = "a second run with another seed" if rule.confirm == 1 else f"{rule.confirm} more runs with other seeds"
+        return (f"Results carry noise (the seed of init and data order changes from run to run): an edit is kept "
+                f"only if its run {better}, confirmed by {runs} (the mean of all its runs must still beat it); "
+                f"otherwise it is reverted. The best is run again first when the harness's speed probe says the "
+                f"machine's speed changed by more than {conditions.SHARE:.0%} since it was measured, and the edit "
+                "is judged against that run. An edit whose runs with other seeds repeat one result ignores "
+                "AUTORESEARCH_SEED and is not kept.")
+
+
+class Paired(VerdictRule):
+    """The paired sequential rule (judge_paired()): each run at the seed of a run of the best, judged on the
+    differences by a one-sided t-test at the false-keep rate, after 2 to 1 + confirm runs."""
+    name, pairs_seeds = "paired", True
+
+    def own(self, rule):
+        return {"false_keep": rule.false_keep}
+
+    def judge(self, rule, first, run_again, best):
+        return judge_paired(first, run_again, rule, best.at, best.pooled())
+
+    def words(self, rule, metric):
+        return (f"Results carry noise (the seed of init and data order changes from run to run), so each run of "
+                f"an edit uses the seed of a run of the best and the edit is judged on the differences: kept "
+                f"when their mean beats 0 by more than a one-sided t-test at a false-keep rate of "
+                f"{rule.false_keep:.0%} allows (after 2 to {1 + rule.confirm} runs; it stops after the first "
+                f"run when that run is not clearly better than the best's at the same seed, and whenever the "
+                f"mean difference is not better); otherwise it is reverted. The best is run again at a seed when "
+                f"the harness's speed probe says the machine's speed changed by more than "
+                f"{conditions.SHARE:.0%} since. An edit whose runs with other seeds repeat one result ignores "
+                f"AUTORESEARCH_SEED and is not kept.")
+
+    def band(self, rule):
+        return rule.margin, (f"near miss: a gain under {rule.margin:.4g} ({MARGIN_SDS} noise sd) is rarely kept; "
+                             "the paired test over 2-4 runs decides")
+
+
+STRICT = Margin()                                   # --confirm 0, whatever the verdict rule: the first run decides
+RULES = {r.name: r for r in (Paired(), Margin())}   # --verdict NAME -> its rule
+DEFAULT = "paired"                                  # a new tag's, unless --verdict or --margin says otherwise
+
+
+def settings_of(recorded):
+    """rule_of's keyword arguments (confirm, margin, verdict, false_keep) from what a tag recorded (Rule.recorded(),
+    as ledger.TagState.rule reads it back; tags from before the paired rule: "margin"). Raises SetupError when the
+    tag's rule is not registered here."""
+    name = recorded.get("verdict") or "margin"
+    if name not in RULES:
+        raise SetupError(f"the tag was judged by the verdict rule {name!r}, which this version does not have "
+                         f"({', '.join(RULES)}): use the version that made it, or start a new --tag")
+    return dict(confirm=recorded["confirm"], margin=recorded.get("margin"), verdict=name,
+                false_keep=recorded.get("false_keep") or FALSE_KEEP)

@@ -18,7 +18,7 @@ import pytest
 
 import agent
 import report
-from harness import prompts, session
+from harness import prompts, session, verdict
 from harness.experiment import seed_of
 from harness.runner import Outcome
 from harness.verdict import Rule, judge, judge_paired, pooled_of
@@ -79,7 +79,7 @@ def simulate_paired(salt, gains, rho=1.0, seed_base=0, baseline_runs=3, confirm=
     def metric(n, run, gain):
         return noisy_metric(salt, seed_base + run, gain, rho, str(n))
     base = tuple(metric(0, run, 0.0) for run in range(baseline_runs))
-    rule = Rule("min", confirm, None, statistics.stdev(base), baseline_runs, paired=True)
+    rule = Rule("min", confirm, None, statistics.stdev(base), baseline_runs, verdict="paired")
     best, verdicts, seeds = (0, 0.0), [], []
     for n, gain in enumerate(gains, 1):
         def run_of(run):
@@ -377,3 +377,64 @@ def test_an_adopted_commit_is_measured_anew_not_credited_to_the_next_candidate(t
     first = events(target, "experiment")[1]
     assert [e["reason"] for e in events(target, "rerun_best")][:1] == ["no run of the best at this seed yet"]
     assert first["status"] == "discard" and first["runs"][0] == first["best_runs"][0]
+
+
+class Sign(verdict.VerdictRule):
+    """A verdict rule of this test's own (registered in harness.verdict.RULES only here): runs at the best's seeds,
+    kept when every one of its 1 + confirm runs beats the best's run at the same seed; the first that does not ends it."""
+    name, pairs_seeds = "sign", True
+
+    def judge(self, rule, first, run_again, best):
+        if first.metric is None:
+            return verdict.no_metric(first)
+        runs, bests, outcome = [], [], first
+        for run in range(1 + rule.confirm):
+            if run and (outcome := run_again(run)).metric is None:
+                return verdict.failed_further(f"run {run + 1}", outcome, runs)
+            value, _, _ = best.at(run, outcome)
+            runs.append(outcome.metric)
+            bests.append(value)
+            if rule.gain(outcome.metric, value) <= 0:
+                break
+        diffs = [rule.gain(m, b) for m, b in zip(runs, bests)]
+        won = len(runs) == 1 + rule.confirm and min(diffs) > 0
+        return verdict.Verdict("keep" if won else "discard", tuple(runs), statistics.fmean(runs), best=tuple(bests),
+                               gain=statistics.fmean(diffs))
+
+    def words(self, rule, metric):
+        return f"SIGN RULE: an edit is kept when each of its {1 + rule.confirm} runs beats the best's run at its seed."
+
+
+def test_a_verdict_rule_registered_only_here_judges_records_and_resumes(tmp_path, monkeypatch, capsys):
+    """The verdict seam: a rule in verdict.RULES is a --verdict choice, judges in the real loop (a no-op stops at its
+    first run, a gain of a tenth of a noise sd is kept after 3 runs at the baseline's seeds), states itself in the
+    prompt and the report, is recorded with the baseline and read back on resume; another --verdict on resume is
+    refused, and a tag whose rule this version lacks is refused with the way out."""
+    monkeypatch.setitem(verdict.RULES, "sign", Sign())
+    target = noisy_target(tmp_path, monkeypatch)
+    answers = [edit("a no-op", "C00 = 1.0", "C00 = 1.5"), edit("a tenth of an sd", "gain = 0.0", "gain = 0.001")]
+    argv = ["--tag", "t", "--target", str(target), "--timeout", "20", "--no-speculate", "--proposer", "anthropic"]
+    with ScriptedLLM(answers) as llm:
+        assert agent.main([*argv, "--base-url", llm.anthropic_url, "--verdict", "sign", "--confirm", "2",
+                           "--max-experiments", "2"]) == 0
+    assert "SIGN RULE: an edit is kept when each of its 3 runs" in llm.requests[0][1]["system"][0]["text"]
+    baseline, noop, gain = events(target, "experiment")
+    assert (baseline["verdict"], baseline["confirm"], baseline["false_keep"]) == ("sign", 2, None)
+    base = baseline["seed_base"]
+    draws = [noisy_metric(0, base + run) for run in range(3)]
+    assert baseline["runs"] == draws
+    assert (noop["status"], noop["runs"], noop["best_runs"]) == ("discard", draws[:1], draws[:1])
+    assert (gain["status"], gain["best_runs"], len(gain["runs"])) == ("keep", draws, 3)
+    assert [round(b - m, 9) for m, b in zip(gain["runs"], gain["best_runs"])] == [0.001] * 3
+    assert [e["seed"] for e in events(target, "run") if e["n"] == 2] == [base, base + 1, base + 2]
+    capsys.readouterr()
+    assert report.main([str(target)]) == 0
+    assert "verdict      SIGN RULE: an edit is kept when each of its 3 runs" in capsys.readouterr().out
+    assert agent.main([*argv, "--proposer", "random", "--max-experiments", "2"]) == 0      # its own rule, read back
+    assert agent.main([*argv, "--proposer", "random", "--verdict", "paired", "--max-experiments", "3"]) == 2
+    assert "--verdict paired (the tag's: sign)" in capsys.readouterr().err
+    monkeypatch.delitem(verdict.RULES, "sign")
+    assert agent.main([*argv, "--proposer", "random", "--max-experiments", "3"]) == 2
+    assert "the tag was judged by the verdict rule 'sign', which this version does not have (paired, margin): use " \
+           "the version that made it, or start a new --tag" in capsys.readouterr().err
+    assert len(events(target, "experiment")) == 3

@@ -234,7 +234,7 @@ def test_tokens_per_sec_is_read_for_the_records_only():
 # ---------------------------------------------------------------------------
 
 
-PAIRED = Rule("min", confirm=3, noise_sd=0.0625, noise_runs=3, paired=True)   # up to 4 runs, false-keep rate 2 %
+PAIRED = Rule("min", confirm=3, noise_sd=0.0625, noise_runs=3, verdict="paired")   # up to 4 runs, false-keep rate 2 %
 LEARNED = (0.0625 ** 2 * 100, 100)      # a tag's earlier paired verdicts: 100 degrees of freedom of sd 0.0625
 BEST = [2.0, 2.25, 1.75, 2.0]           # the best's runs at seeds 0..3
 
@@ -270,8 +270,8 @@ def test_the_paired_sd_pools_the_tags_verdicts_and_the_unpaired_noise_before_the
     assert df == 101 and sd == pytest.approx(((0.390625 + 0.001953125) / 101) ** 0.5)
     assert PAIRED.paired_sd([0.25, 0.125], LEARNED) == (0.0078125 ** 0.5, 1)   # more than the tag's: its own
     assert [round(PAIRED.threshold(df), 3) for df in (1, 2, 3)] == [47.740, 8.573, 5.268]
-    assert Rule("min", paired=True).paired_sd([0.5]) == (None, 0)          # one baseline run: nothing known yet
-    assert PAIRED.pair_floor == 0.000625 and Rule("min", paired=True).pair_floor == verdict.PRINT_FLOOR
+    assert Rule("min", verdict="paired").paired_sd([0.5]) == (None, 0)          # one baseline run: nothing known yet
+    assert PAIRED.pair_floor == 0.000625 and Rule("min", verdict="paired").pair_floor == verdict.PRINT_FLOOR
     assert verdict.pooled_of(PAIRED, [((1.75, 2.125), (2.0, 2.25)), ((1.5,), (2.0,))]) == (0.0078125, 1)
 
 
@@ -360,7 +360,7 @@ def test_paired_runs_that_repeat_one_draw_are_discarded_as_seed_ignoring():
 
 def test_two_equal_scores_over_n_problems_are_not_taken_for_an_ignored_seed():
     """pass@1 over 64 problems moves in steps of 1/64: two honest runs score the same often, three rarely."""
-    quantised = Rule("max", confirm=3, noise_sd=0.03125, noise_runs=3, paired=True, sd_floor=0.0625,
+    quantised = Rule("max", confirm=3, noise_sd=0.03125, noise_runs=3, verdict="paired", sd_floor=0.0625,
                      floor_source="the binomial standard error of pass@1 over 64 problems")
     assert verdict.seed_ignored(quantised, [0.5, 0.5]) == ""
     assert verdict.seed_ignored(quantised, [0.5, 0.5, 0.5]).startswith("its runs with other seeds repeat one result")
@@ -384,7 +384,7 @@ def test_a_re_measured_best_is_counted_and_named():
 
 
 def test_a_maximised_metric_is_paired_the_other_way():
-    rule = Rule("max", confirm=3, noise_sd=0.0625, noise_runs=3, paired=True)
+    rule = Rule("max", confirm=3, noise_sd=0.0625, noise_runs=3, verdict="paired")
     found = judge_paired(run(2.25), Runs(run(2.5)), rule, Best([2.0, 2.25]), LEARNED)
     assert (found.status, found.gain) == ("keep", 0.25)
 
@@ -411,7 +411,7 @@ def test_the_words_of_the_paired_rule_name_its_test_its_rate_and_its_runs():
     words = PAIRED.words("val_bpb")
     assert "uses the seed of a run of the best" in words and "one-sided t-test at a false-keep rate of 2%" in words
     assert "after 2 to 4 runs" in words and "speed probe" in words and "margin" not in words
-    assert Rule("min", confirm=0, paired=True).words() == STRICT.words()      # --confirm 0: the strict ratchet
+    assert Rule("min", confirm=0, verdict="paired").words() == STRICT.words()      # --confirm 0: the strict ratchet
     assert (PAIRED.name, NOISY.name, STRICT.name) == ("paired", "margin", "strict")
 
 
