@@ -20,7 +20,9 @@ files a change touches.
     sandbox     the bubblewrap view train.py and the evaluator run in (allow-list, root confined, no network)
     guard       what a run may not change outside its run dir: checked around every run
     pool        the devices (--devices), the worker threads that run on them, throughput
-    cluster     the Ray side (--ray): connect, the task on a node, RayBackend
+    cluster     the Ray side (--ray): connect, RayBackend (its tasks run harness.node's body)
+    node        a run on another node, both sides: payload(spec), the node body run(payload) shared by every
+                remote backend (`python -m harness.node` for one that starts a process), received(result)
     target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
     prompts     every word the LLM reads, and the history table
     edits       DESCRIPTION + SEARCH/REPLACE answers -> a new train.py (the one path every proposer's answer takes)

@@ -5,9 +5,12 @@ SIGKILL mid-wave and resume), and --ray on a local Ray instance (a lost worker r
 """
 
 import datetime
+import os
+import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +26,8 @@ from agent_target import STRICT, edit, make_target
 from llm_server import ScriptedLLM
 from helpers import AGENT, events, live_members, rows, tree_is_clean
 
-from harness import pool, sandbox, settings
+from harness import cluster, node, pool, sandbox, settings
+from harness.runner import Kind
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -218,6 +222,57 @@ def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
     assert len(exps) == 4 and exps[0]["description"] == "baseline"
     assert len({e["full_commit"] for e in exps}) == 4             # no idea ran twice, in flight or not
     assert not list((target / ".git" / "autoresearch" / "t" / "runs").glob("*"))
+
+# ---------------------------------------------------------------------------
+# A backend of the test's own: the remote path (payload, the shared node body, result) without a cluster
+# ---------------------------------------------------------------------------
+
+class SubprocessBackend:
+    """Each run a child process on this machine, `python -m harness.node PAYLOAD RESULT`, the payload and the result
+    through files: what a backend that starts a process (a Kubernetes job, a SkyPilot task) does, in 20 lines."""
+
+    def __init__(self, context, pids):
+        self.context, self.pids = context, pids
+
+    def run(self, spec, watch):
+        watch.started(None)
+        with tempfile.TemporaryDirectory() as wire:
+            sent, back = Path(wire) / "payload", Path(wire) / "result"
+            sent.write_bytes(pickle.dumps(node.payload(spec, self.context)))
+            proc = subprocess.Popen([sys.executable, "-m", "harness.node", str(sent), str(back)],
+                                    cwd=Path(__file__).resolve().parents[1])
+            self.pids.append(proc.pid)
+            t0 = time.monotonic()
+            while proc.poll() is None:
+                watch.tick(time.monotonic() - t0)
+                time.sleep(0.2)
+            if proc.returncode:
+                return node.crashed(spec, Kind.CRASH, f"crash: the node process exited {proc.returncode}")
+            return node.received(spec, watch, pickle.loads(back.read_bytes()))
+
+
+def test_a_backend_of_the_tests_own_runs_real_runs_through_the_shared_node_body(target, monkeypatch):
+    """One slot of the subprocess backend stands in for a cluster (cluster.connect replaced): every run is a child
+    process running harness.node's body (in bubblewrap where it works, with the separate evaluation), and the loop
+    records the tiny target's exact metrics, a "remote" event per run, the runs' logs and the kept artifacts, as on
+    Ray."""
+    pids = []
+    monkeypatch.setattr(cluster, "connect", lambda address, context: [
+        pool.Device(f"sub:{i}", {}, 1, f"frozen-sub{i}", remote=SubprocessBackend(context, pids)) for i in range(1)])
+    with ScriptedLLM([LR_UP, DEPTH_DOWN]) as llm:
+        assert loop(target, llm, "--max-experiments", "2", "--ray", "auto", "--no-speculate") == 0
+    exps = ledger_holds(target)
+    assert [(e["description"].split(" (")[0], e["status"], e["metric"]) for e in exps[1:]] == [
+        ("LR 0.045", "keep", 1.058), ("DEPTH 6", "keep", 1.056)]
+    ends, remote = events(target, "run_end"), events(target, "remote")
+    assert [e["n"] for e in remote] == [e["n"] for e in ends] == [0, 1, 2]
+    assert {e["device"] for e in ends} == {"sub:0"} and all(e["sandbox"] for e in exps)
+    assert all(e["node"] == socket.gethostname() and len(e["artifact_sha256"]) == 64 for e in remote)
+    assert len(pids) == 3 and os.getpid() not in pids
+    home = target / ".git" / "autoresearch" / "t"
+    assert sorted(p.name for p in (home / "artifacts").iterdir()) == ["0000-artifact", "0002-artifact"]
+    assert "=== separate evaluation" in (home / "logs" / "0002-0.log").read_text()
+
 
 # ---------------------------------------------------------------------------
 # A Ray cluster: a local instance
