@@ -44,6 +44,8 @@ files a change touches.
     analysis    a run's numbers, read-only (load_run -> Run, the summary, kept table, noise, rule, epochs): report.py
                 prints them, analysis.ipynb and the dashboard read them
     plots       the figures: progress.png and the learning curves (matplotlib, loaded only when drawing)
+    sinks       the record sinks (SINKS, in order): the row and git note, the study, the artifacts, the printed
+                line, MLflow, the dashboard; experiment.record writes the event, then calls them
     tracking    --mlflow: each recorded experiment mirrored into an MLflow run (a copy, never a record)
     redact      secrets: which environment variables never reach train.py, and their values out of every record
     console     the live status line and printed lines

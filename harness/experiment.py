@@ -15,8 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, sandbox, search,
-                     tracking, verdict)
+from harness import (conditions, console, curves, dashboard, gitops, hardware, holdout, ledger, sandbox, sinks,
+                     verdict)
 from harness.backends import Local, Spec, Watch
 from harness.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
@@ -325,9 +325,9 @@ class Result:
 
 @locked
 def record(s, result):
-    """Log the "experiment" event, then append the results.tsv row derived from it, add its git note, prune the
-    artifacts of everything but the baseline and the best, and print one line; with --mlflow its MLflow run is
-    started before the event (its id in the event) and filled in last (harness.tracking). Returns the event."""
+    """Log the "experiment" event (with the fields each sink adds before it), add it to the history, then hand it to
+    the record sinks in order (harness.sinks: the results.tsv row and git note, the study, the artifacts, the printed
+    line, MLflow, the dashboard). Returns the event."""
     r, outcome, status = result, result.outcome, result.judged.status
     idea = redact(r.description)
     description = r.description if len(r.judged.runs) < 2 else f"{r.description} ({len(r.judged.runs)} runs)"
@@ -340,7 +340,7 @@ def record(s, result):
         description = with_reason(clean_description(description), clean_description(r.why or still))
     description = redact(description)   # a reason can quote what train.py printed (a secret it read somewhere)
     metric = r.judged.metric if status != "crash" else None
-    run = tracking.begin(s, r.n, idea)      # the MLflow run (--mlflow; None: off or failed)
+    before = {k: v for sink in sinks.SINKS for k, v in sink.before(s, r.n, idea).items()}
     event = s.log(Event.EXPERIMENT, n=r.n, commit=outcome.commit[:7], full_commit=outcome.commit, status=status,
                   metric=metric or 0.0, memory_gb=round(outcome.memory_gb, 1), description=description,
                   memory_source=outcome.memory_source or None, reported_memory_gb=round(outcome.reported_memory_gb, 3),
@@ -354,23 +354,13 @@ def record(s, result):
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
                   gain=r.judged.gain, noise_sd=r.noise_sd, retried=r.judged.retried or None,
-                  cancelled=cancel.fields() if cancel is not None else None, mlflow_run=run,
+                  cancelled=cancel.fields() if cancel is not None else None, **before,
                   hardware_epoch=s.hardware_epoch, hardware_mismatch=outcome.hardware_mismatch, idle=still or None,
                   **r.fields)
-    gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
-    s.expect_ref(gitops.NOTES_REF)
-    ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
-    for snap in s.live:
-        snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
     s.history.append(event)
-    search.tell(s, event)                   # the study (a cache of the events) learns of it, whoever proposed it
-    holdout.prune_artifacts(s.home, (0, ledger.baseline_of(s.history)["n"], s.best_event["n"]), len(s.history))
-    s.last = f"{status} {metric:.6f}" if metric is not None else status
-    shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
-    console.say(f"#{r.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {r.wall:5.0f}s  {description}")
-    tracking.finish(s, run, event, r, log_path(s, r.n, r.fixes))
-    # the page reloads itself while the loop runs
-    dashboard.refresh(s, live=s.settings.command == "loop", timeout_s=run_timeout(s).seconds())
+    context = {"log": log_path(s, r.n, r.fixes), "timeout_s": run_timeout(s).seconds()}
+    for sink in sinks.SINKS:
+        sink.on_record(s, event, r, context)
     return event
 
 
@@ -557,6 +547,8 @@ def holdout_line(s):
 
 
 def stopped(s, **fields):
-    """The loop ended: its "stop" event (fields: why, its throughput), and the dashboard rewritten as not live."""
+    """The loop ended: its "stop" event (fields: why, its throughput), then each record sink's on_stop (the dashboard
+    rewritten as not live)."""
     s.log(Event.STOP, **fields)
-    dashboard.refresh(s, live=False)
+    for sink in sinks.SINKS:
+        sink.on_stop(s)

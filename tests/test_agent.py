@@ -14,6 +14,7 @@ import git
 import pytest
 
 import agent
+from harness import sinks
 from agent_target import SECRET, STRICT, edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
 from helpers import (LOWER_LR, RAISE_LR, SLOW, baseline_row, events, live_members, rows, run_agent, sha, start_agent,
@@ -290,6 +291,34 @@ def test_random_proposer_three_iterations_then_a_resume_adds_the_difference(targ
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "5") == 0
     assert rows(target)[:4] == first and len(rows(target)) == 6
     assert [e["n"] for e in events(target, "experiment")] == [0, 1, 2, 3, 4, 5]
+
+
+class Tally(sinks.Sink):
+    """A record sink of the test's own: what the loop hands to sinks, in order."""
+
+    def __init__(self):
+        self.seen = []
+
+    def before(self, s, n, idea):
+        return {"tally": n * 10}
+
+    def on_record(self, s, event, result, context):
+        self.seen.append(("record", event["n"], event["status"], result.n, Path(context["log"]).name))
+
+    def on_stop(self, s):
+        self.seen.append(("stop", len(s.history)))
+
+
+def test_a_sink_appended_in_a_test_sees_each_record_after_its_event_and_the_stop(target, monkeypatch):
+    """The record seam: experiment.record writes the event (with the fields a sink's before() adds), then calls each
+    sink of harness.sinks.SINKS in order; the loop's stop calls on_stop. Nothing else changes: the rows are written."""
+    tally = Tally()
+    monkeypatch.setattr(sinks, "SINKS", [*sinks.SINKS, tally])
+    assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0
+    exps = events(target, "experiment")
+    assert [e["tally"] for e in exps] == [0, 10, 20]
+    assert tally.seen == [("record", e["n"], e["status"], e["n"], f"{e['n']:04d}-0.log") for e in exps] + [("stop", 3)]
+    assert [r.split("\t")[0] for r in rows(target)] == [e["commit"] for e in exps]
 
 
 def test_grid_proposer_on_a_maximising_target_in_a_subdir(tmp_path, monkeypatch):
