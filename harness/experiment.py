@@ -403,7 +403,7 @@ def keep(s, event):
                    f"worktree: `git worktree add --detach DIR {s.branch}`), then rerun the same command to resume")
     gitops.advance_branch(s.repo, s.branch, event["full_commit"], s.best_commit)
     s.expect_ref(f"refs/heads/{s.branch}")
-    s.best_commit, s.best_metric = event["full_commit"], event["metric"]
+    s.best_commit = event["full_commit"]        # its metric: s.best_metric, from the history
 
 
 def baseline_commit(s):
@@ -453,7 +453,6 @@ def record_baseline(s, outcomes, t0, spend0):
                                  **again)))
     if n:
         keep(s, s.history[-1])
-    s.best_metric = s.baseline_metric = s.history[-1]["metric"]
     s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], verdict=rule.verdict,
                              false_keep=rule.false_keep)
     if noise_sd is not None:

@@ -59,8 +59,6 @@ class Session:
     #                                     (experiment.run_timeout)
     rule: Rule                          # the verdict rule: margin, confirmation runs (noise measured by the baseline)
     best_commit: str                    # full sha of the best kept commit (the branch tip between experiments)
-    best_metric: float | None
-    baseline_metric: float | None
     history: list                       # this tag's "experiment" events, in order
     home: Path                          # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
     target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
@@ -112,6 +110,17 @@ class Session:
     def best_event(self):
         """The "experiment" event of the best commit (the last keep), or None before the baseline."""
         return next((e for e in reversed(self.history) if e["status"] == "keep"), None)
+
+    @property
+    def best_metric(self):
+        """The best's metric, from its event (best_event; None before the baseline): it cannot disagree with the
+        history."""
+        return (self.best_event or {}).get("metric")
+
+    @property
+    def baseline_metric(self):
+        """The current baseline's metric (ledger.baseline_of: the latest hardware epoch's), None before one."""
+        return (ledger.baseline_of(self.history) or {}).get("metric")
 
     @property
     def baseline_due(self):
@@ -371,7 +380,7 @@ def new_session(settings, target, constants, state, profile=None):
     own = own_budget(constants, profile)
     budget = effective_budget(own)
     repo = gitops.open_repo(target)
-    history, kept = state.history, state.kept
+    history = state.history
     s = Session(settings=settings, target=target, repo=repo, branch=f"autoresearch/{settings.tag}",
                 train_rel=gitops.repo_rel(repo, target / "train.py"),
                 frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
@@ -381,8 +390,7 @@ def new_session(settings, target, constants, state, profile=None):
                 timeout=settings.timeout or (ledger.baseline_of(history) or {}).get("timeout_s"),
                 rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
                              runs=settings.baseline_runs, **tag_rule(settings, state)),
-                best_commit="", best_metric=kept[-1]["metric"] if kept else None,
-                baseline_metric=(ledger.baseline_of(history) or {}).get("metric"), history=history,
+                best_commit="", history=history,
                 home=gitops.harness_dir(repo, settings.tag),
                 spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
     s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
