@@ -177,14 +177,20 @@ def ready(frozen, payload, log):
 
 def main(argv=None):
     """`python -m harness.node PAYLOAD RESULT`: run the pickled payload in file PAYLOAD, pickle the result to file
-    RESULT. Exit 0 once RESULT is written (the run's own failure is in the result), 2 on bad arguments."""
+    RESULT. Exit 0 once RESULT is written (the run's own failure is in the result), 2 on bad arguments or a payload
+    that cannot be read. A pickle runs code as it loads: only the driver's own payload files belong here."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m harness.node PAYLOAD RESULT (pickled files: a payload from harness.node.payload, "
               "the result of harness.node.run)", file=sys.stderr)
         return 2
-    result = run(pickle.loads(Path(argv[0]).read_bytes()))
-    Path(argv[1]).write_bytes(pickle.dumps(result))
+    try:
+        found = pickle.loads(Path(argv[0]).read_bytes())
+    except Exception as e:          # noqa: BLE001 - a missing, cut or foreign file: said, exit 2
+        print(f"harness.node: cannot read the payload {argv[0]} ({e}): write it with "
+              "pickle.dumps(harness.node.payload(spec, context))", file=sys.stderr)
+        return 2
+    Path(argv[1]).write_bytes(pickle.dumps(run(found)))
     return 0
 
 
