@@ -251,6 +251,19 @@ class SubprocessBackend:
             return node.received(spec, watch, pickle.loads(back.read_bytes()))
 
 
+def test_the_node_command_refuses_bad_arguments_and_an_unreadable_payload(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    node_cmd = [sys.executable, "-m", "harness.node"]
+    usage = subprocess.run(node_cmd, cwd=repo, capture_output=True, text=True)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m harness.node PAYLOAD RESULT")
+    (tmp_path / "cut").write_bytes(pickle.dumps({"files": {}})[:5])
+    for bad in (tmp_path / "absent", tmp_path / "cut"):
+        found = subprocess.run([*node_cmd, str(bad), str(tmp_path / "result")], cwd=repo, capture_output=True, text=True)
+        assert found.returncode == 2 and "Traceback" not in found.stderr, found.stderr
+        assert found.stderr.startswith(f"harness.node: cannot read the payload {bad} (")
+        assert not (tmp_path / "result").exists()
+
+
 def test_a_backend_of_the_tests_own_runs_real_runs_through_the_shared_node_body(target, monkeypatch):
     """One slot of the subprocess backend stands in for a cluster (cluster.connect replaced): every run is a child
     process running harness.node's body (in bubblewrap where it works, with the separate evaluation), and the loop
