@@ -15,13 +15,14 @@ import git
 
 from harness import curves, hardware, schema
 from harness.curves import ROW as CANCELLED_ROW
+from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
 from harness.ledger import (SMOKE_LABEL, STATUSES, archive_path, baseline_of, epoch_of_row, experiment_events,
                             hardware_events, is_baseline, load_results, read_events, rows_by_tag, select_tag, tag_state)
 from harness.schema import Event
 from harness.target import read_literals
-from harness.verdict import RULES, rule_of as verdict_rule, settings_of
+from harness.verdict import rule_of as verdict_rule, settings_of
 
 # ---------------------------------------------------------------------------
 # Loading (tolerant: the agent may be appending while we read)
@@ -386,9 +387,13 @@ def rule_of(run, baseline=None):
     logged."""
     tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")
     state = tag_state(run.events or [], tag)
-    if state.rule is None or (state.rule.get("verdict") or "margin") not in RULES:   # a rule this version lacks
+    if state.rule is None:
         return None
-    return verdict_rule(run.goal, baseline=baseline or baseline_of(state.history), **settings_of(state.rule))
+    try:
+        settings = settings_of(state.rule)
+    except SetupError:                  # a verdict rule this version lacks: the report goes on without it
+        return None
+    return verdict_rule(run.goal, baseline=baseline or baseline_of(state.history), **settings)
 
 
 def throughput_of(run):

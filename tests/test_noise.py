@@ -438,3 +438,5 @@ def test_a_verdict_rule_registered_only_here_judges_records_and_resumes(tmp_path
     assert "the tag was judged by the verdict rule 'sign', which this version does not have (paired, margin): use " \
            "the version that made it, or start a new --tag" in capsys.readouterr().err
     assert len(events(target, "experiment")) == 3
+    assert report.main([str(target)]) == 0                  # the report goes on, without the rule's line
+    assert "verdict  " not in capsys.readouterr().out
