@@ -14,6 +14,7 @@ import os
 import pickle
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -63,9 +64,11 @@ def crashed(spec, kind, reason):
 
 
 def read_tree(folder):
-    """{relative path: bytes} of every file under folder."""
+    """{relative path: bytes} of every regular file under folder (a symbolic link, a FIFO or a device is left out:
+    never followed, never read)."""
     folder = Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if stat.S_ISREG(p.lstat().st_mode)}
 
 
 def write_tree(files, folder):
@@ -109,7 +112,8 @@ def run(payload):
                               if payload["probe"] else None)
         outcome = runner.run(spec)
         digest, back = None, None
-        if artifact.exists():                       # a file, or a folder (GRPO's weights)
+        if runner.artifact_problem(artifact) is None:   # regular files only (a file, or GRPO's folder of weights):
+            #                                             a link or a FIFO left in its place is never read
             files = read_tree(run_dir) if artifact.is_dir() else {artifact.name: artifact.read_bytes()}
             files = {rel: data for rel, data in files.items() if Path(rel).parts[0] == artifact.name}
             digest = hashlib.sha256(artifact.read_bytes() if artifact.is_file() else   # a folder: its paths and bytes

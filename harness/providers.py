@@ -102,10 +102,13 @@ class Provider:
 
     def classify(self, e):
         """The Failure an exception stands for, or None when it is not this provider's (a bug: it propagates)."""
-        if isinstance(e, BadReply):
-            return Failure("bad_reply", f"{self.where} answered, but not in {self.api} format ({e}): check "
-                                        "--base-url and the key you set")
-        return None
+        return self.bad_reply(e) if isinstance(e, BadReply) else None
+
+    def bad_reply(self, e):
+        """The "bad_reply" Failure: the endpoint answered with something that is not the provider's format."""
+        what = str(e) if isinstance(e, BadReply) else f"{type(e).__name__}: {e}"
+        return Failure("bad_reply", f"{self.where} answered, but not in {self.api} format ({what[:300]}): check "
+                                    "--base-url and the key you set")
 
     def status_failure(self, status, message):
         """The Failure of an HTTP status: 408, 409, 425, 429 and 5xx are retried; 401/403 (the key), 404 (the model or
@@ -136,6 +139,8 @@ class Stainless(Provider):
             return Failure("unreachable", f"{type(e).__name__}: {e}")
         if isinstance(e, self.sdk.APIStatusError):
             return self.status_failure(e.status_code, e.message)
+        if isinstance(e, (self.sdk.APIError, TypeError, AttributeError, KeyError, ValueError)):
+            return self.bad_reply(e)    # a 200 the SDK or complete() cannot read: not JSON, fields of other types
         return super().classify(e)
 
 

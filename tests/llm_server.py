@@ -10,7 +10,7 @@ SDKs, pointed at it through base_url, to parse its answers.
 Each request takes the next script item: a string is answered as the assistant's text; an int is answered as
 that HTTP error status in the provider's error format; a callable is called with the request's messages (a list of
 {"role", "content"}, the system prompt aside) and its result answered as above (a scripted LLM that reads its
-prompt). When the script runs out, the server answers 400.
+prompt); a dict or bytes is sent as the 200's body as it is. When the script runs out, the server answers 400.
 """
 
 import json
@@ -91,7 +91,7 @@ class ScriptedLLM:
                     self._send(400, error_body(anthropic, 400, "script exhausted"))
                 elif isinstance(item, int):
                     self._send(item, error_body(anthropic, item, f"scripted status {item}"))
-                elif isinstance(item, dict):         # a 200 with exactly this body (a server of another kind)
+                elif isinstance(item, (dict, bytes)):   # a 200 with exactly this body (a server of another kind)
                     self._send(200, item)
                 elif anthropic:
                     self._send(200, {
@@ -109,7 +109,7 @@ class ScriptedLLM:
                                   "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS}})
 
             def _send(self, status, payload):
-                data = json.dumps(payload).encode()
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -27,7 +27,7 @@ from llm_server import ScriptedLLM
 from helpers import AGENT, events, live_members, rows, tree_is_clean
 
 from harness import cluster, node, pool, sandbox, settings
-from harness.runner import Kind
+from harness.runner import Kind, timeout_s
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -227,6 +227,9 @@ def test_sigkill_mid_wave_then_resume_keeps_the_ledger_whole(target):
 # A backend of the test's own: the remote path (payload, the shared node body, result) without a cluster
 # ---------------------------------------------------------------------------
 
+NODE_SLACK_S = 60      # the node's own work (data check, export of the result) beyond a run's hard limit
+
+
 class SubprocessBackend:
     """Each run a child process on this machine, `python -m harness.node PAYLOAD RESULT`, the payload and the result
     through files: what a backend that starts a process (a Kubernetes job, a SkyPilot task) does, in 20 lines."""
@@ -246,9 +249,42 @@ class SubprocessBackend:
             while proc.poll() is None:
                 watch.tick(time.monotonic() - t0)
                 time.sleep(0.2)
+                if time.monotonic() - t0 > timeout_s(spec.timeout) + NODE_SLACK_S:   # the node itself hung
+                    proc.kill()
+                    proc.wait()
+                    return node.crashed(spec, Kind.LOST, "lost: the node ran past the run's hard limit")
             if proc.returncode:
                 return node.crashed(spec, Kind.CRASH, f"crash: the node process exited {proc.returncode}")
             return node.received(spec, watch, pickle.loads(back.read_bytes()))
+
+
+def swapped_artifact(how):
+    """A candidate whose train.py, as it exits, puts `how` (a symbolic link to a file outside its view, or a FIFO
+    with no writer) where its model artifact was."""
+    swap = "os.symlink('/etc/hostname', a)" if how == "symlink" else "os.mkfifo(a)"
+    return edit(f"a {how} for an artifact", "DEPTH = 8", "DEPTH = 6\nimport atexit\n"
+                "def _swap():\n"
+                "    a = os.environ['AUTORESEARCH_ARTIFACT']\n"
+                f"    os.remove(a); {swap}\n"
+                "atexit.register(_swap)")
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo"])
+def test_the_node_never_reads_an_artifact_swapped_for_a_link_or_a_fifo(target, monkeypatch, how):
+    """From the hostile review: the node read the artifact whatever it was, so a FIFO hung the node for good and a
+    link shipped (and hashed) a file of the node's to the driver. Now the node sends back only an artifact of regular
+    files (runner.artifact_problem), and the run is rejected as before."""
+    pids = []
+    monkeypatch.setattr(cluster, "connect", lambda address, context: [
+        pool.Device("sub:0", {}, 1, "frozen-sub0", remote=SubprocessBackend(context, pids))])
+    with ScriptedLLM([swapped_artifact(how)]) as llm:
+        assert loop(target, llm, "--max-experiments", "1", "--ray", "auto", "--no-speculate") == 0
+    exps = ledger_holds(target)
+    assert exps[1]["status"] == "crash" and "ran past" not in exps[1]["description"]
+    remote = {e["n"]: e for e in events(target, "remote")}
+    assert len(remote[0]["artifact_sha256"]) == 64 and remote[1]["artifact_sha256"] is None
+    home = target / ".git" / "autoresearch" / "t"
+    assert sorted(p.name for p in (home / "artifacts").iterdir()) == ["0000-artifact"]
 
 
 def test_the_node_command_refuses_bad_arguments_and_an_unreadable_payload(tmp_path):

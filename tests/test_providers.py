@@ -13,6 +13,7 @@ from harness import providers
 from harness.errors import SetupError, Stop
 from harness.proposers import make_proposer
 from harness.providers import Failure, Provider, Reply, call_with_retries
+from llm_server import ScriptedLLM
 
 
 class EchoError(Exception):
@@ -115,3 +116,28 @@ def test_make_proposer_builds_a_registered_provider_and_asks_it(echo, monkeypatc
     reply = proposer.ask("system", [{"role": "user", "content": "hello"}], "", 1)
     assert (reply.text, reply.spend.input_tokens, reply.spend.output_tokens) == ("hello", 3, 1)
     proposer.check()                    # the ping answers: no exception
+
+
+USAGE = {"input_tokens": 1, "output_tokens": 1, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+@pytest.mark.parametrize("provider,body", [
+    ("anthropic", {"id": "m", "type": "message", "role": "assistant", "model": "m", "content": [{"type": "text"}],
+                   "usage": USAGE}),                                              # a text block without its text
+    ("anthropic", {"id": "m", "type": "message", "role": "assistant", "model": "m",
+                   "content": [{"type": "text", "text": "hi"}], "usage": {**USAGE, "input_tokens": "1"}}),
+    ("anthropic", b"<html>a proxy's login page</html>"),
+    ("openai", {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                "usage": {"prompt_tokens": "x", "completion_tokens": 1, "total_tokens": 1}}),
+    ("openai", b"not json at all")])
+def test_a_malformed_200_from_the_endpoint_stops_with_the_format_not_a_traceback(provider, body):
+    """From the hostile review: a 200 the SDK or complete() cannot read raised TypeError or JSONDecodeError, which no
+    provider claimed, so the loop ended in a traceback. It is a bad reply now: Stop naming the endpoint and the
+    format."""
+    with ScriptedLLM([body]) as llm:
+        made = providers.PROVIDERS[provider]("k", "m", llm.anthropic_url if provider == "anthropic" else llm.openai_url)
+        with pytest.raises(Stop) as stop:
+            call_with_retries(made, lambda: made.complete("system", [{"role": "user", "content": "hi"}]), 0.0)
+    assert str(stop.value).startswith(f"{made.base_url} answered, but not in {made.api} format (")
+    assert str(stop.value).endswith("): check --base-url and the key you set")
