@@ -41,6 +41,7 @@ import math
 import re
 import statistics
 import tokenize
+import typing
 from pathlib import Path
 
 from harness import ledger
@@ -167,11 +168,12 @@ class Watcher:
     #                                     not watched (its steps per share of the budget differ)
     paired: object = None               # the yardstick's Curve at the candidate's seed, when it has run there
     yardstick: str = "best"             # whose curves `best` and `paired` are: "best" or "baseline" (see yardstick)
+    rule: str = "behind"                # the name of the CancelRule in RULES that decides (looked up where it runs)
 
     def live(self, log):
-        """A look at log as it grows: call it about once a second; it returns a Cancel once decide says so (never
-        raises: a curve the rule cannot judge stops being watched)."""
-        curve, offset, broken = Curve(), 0, False
+        """A look at log as it grows: call it about once a second; it returns a Cancel once the rule says so (never
+        raises: a curve the rule cannot judge, or a rule this process lacks, stops being watched)."""
+        curve, offset, broken = Curve(), 0, self.rule not in RULES
 
         def look():
             nonlocal offset, broken
@@ -179,7 +181,7 @@ class Watcher:
             if broken or len(curve.points) == before:
                 return None
             try:
-                return decide(curve, self.best, self.baseline, self.k, self.warmup, self.paired, self.yardstick)
+                return RULES[self.rule].decide(curve, self)
             except Exception:  # noqa: BLE001  (inf and nan in a kept curve break statistics in several ways)
                 broken = True
                 return None
@@ -271,20 +273,23 @@ class Cancel:
     sd: float
     k: float
     yardstick: str = "best"             # events before issue 35 have none: the best's
+    rule: str = "behind"                # the CancelRule that decided (events before the registry have none: behind)
 
     @property
     def percent(self):
         return round(100 * self.at)
 
     def words(self):
-        """What the LLM's history and the console say."""
-        return (f"cancelled at {self.percent}%: loss {self.loss:.4f} vs the {self.yardstick}'s {self.best:.4f} at the "
-                f"same point (more than {self.k:g} x the noise sd {self.sd:.4f} behind at {CONSECUTIVE} checkpoints "
-                "in a row)")
+        """What the LLM's history and the console say: the deciding rule's why (a rule this version lacks: the
+        numbers alone)."""
+        head = f"cancelled at {self.percent}%: loss {self.loss:.4f} vs the {self.yardstick}'s {self.best:.4f}"
+        rule = RULES.get(self.rule)
+        return f"{head} at the same point ({rule.why(self)})" if rule else f"{head} (rule {self.rule})"
 
     def fields(self):
-        return {"at": self.at, "loss": round(self.loss, 6), "best": round(self.best, 6), "sd": round(self.sd, 6),
-                "k": self.k, "yardstick": self.yardstick}
+        found = {"at": self.at, "loss": round(self.loss, 6), "best": round(self.best, 6), "sd": round(self.sd, 6),
+                 "k": self.k, "yardstick": self.yardstick}
+        return found if self.rule == DEFAULT else found | {"rule": self.rule}
 
 
 def noise(baseline, ps):
@@ -333,6 +338,46 @@ def decide(candidate, best, baseline, k=K, warmup=WARMUP, paired=None, yardstick
         else:
             streak = 0
     return None
+
+
+class CancelRule(typing.Protocol):
+    """A rule that stops a candidate's first run early (Optuna's pruner: one method). It runs where the log is (a Ray
+    worker, a node), so it is found there by its name in RULES and reads only the Watcher (plain data)."""
+
+    def decide(self, candidate, watcher):
+        """candidate: the Curve seen so far; watcher: the Watcher (the yardstick's curves, the baseline's, k, warmup,
+        paired). Returns a Cancel (its rule: this rule's name) or None; the same answer live and replayed on a
+        recorded curve up to the same point. May raise on a curve it cannot judge: the run is then not watched."""
+
+    def why(self, cancel):
+        """The reason in a cancel's words (the LLM's history, the console), in the brackets after "at the same point"."""
+
+    def words(self):
+        """The rule in one sentence: --cancel's help and docs."""
+
+
+class Behind:
+    """The rule in the module's text (issue 23): behind by more than k noise sds at CONSECUTIVE checkpoints."""
+
+    def decide(self, candidate, w):
+        return decide(candidate, w.best, w.baseline, w.k, w.warmup, w.paired, w.yardstick)
+
+    def why(self, cancel):
+        return f"more than {cancel.k:g} x the noise sd {cancel.sd:.4f} behind at {CONSECUTIVE} checkpoints in a row"
+
+    def words(self):
+        return (f"stop a candidate's first run early, a discard, when its loss at the same progress is more than "
+                f"{K:g} noise sds behind the best's at {CONSECUTIVE} checkpoints in a row from {100 * WARMUP:g} % of "
+                "the budget")
+
+
+RULES = {"behind": Behind()}    # name -> CancelRule (--cancel's choices besides on and off)
+DEFAULT = "behind"              # what --cancel on means
+
+
+def rule_name(setting):
+    """The CancelRule's name for a --cancel setting: "on" is DEFAULT, "off" None, a name in RULES itself."""
+    return None if setting == "off" else DEFAULT if setting == "on" else setting
 
 
 def other_schedule(candidate, best, p):

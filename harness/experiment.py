@@ -203,13 +203,14 @@ def log_path(s, n, fix, run=0, best=False):
 
 def cancel_watcher(s, n, run, sha, base):
     """The curves.Watcher a run is held to, or None: only a candidate's first run (n > 0, run 0, not the best's) with
-    --cancel on, not without the sandbox on several local devices, with at least curves.MIN_BASELINE of this hardware
+    --cancel not off (its rule: curves.rule_name), not without the sandbox on several local devices, with at least curves.MIN_BASELINE of this hardware
     baseline's curves known; held to the curves curves.yardstick picks (the best's, or the baseline's when the best's
     train.py is not the original's code and the candidate's is; a "cancel_yardstick" event says which and why, curves
     None: not watched) where some are known, and not exempt by what its train.py changes against theirs
     (curves.exempt: the schedule, the printed loss; a "cancel_exempt" event). The Watcher carries their speed probe (a
     run probed otherwise is not watched) and their run at the candidate's seed."""
-    if s.settings.cancel != "on" or not n or run or base is None or not s.history:
+    rule = curves.rule_name(s.settings.cancel)
+    if rule is None or not n or run or base is None or not s.history:
         return None
     if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
         return None                                            # other's logs: curves are then not evidence
@@ -231,7 +232,7 @@ def cancel_watcher(s, n, run, sha, base):
         s.log(Event.CANCEL_EXEMPT, n=n, reason=why)
         return None
     return curves.Watcher(list(known[commit].values()), list(known[baseline].values()), probe_s=best_probe(s, commit),
-                          paired=known[commit].get(run_seed(s, n, 0)), yardstick=which)
+                          paired=known[commit].get(run_seed(s, n, 0)), yardstick=which, rule=rule)
 
 
 def mean_curve(best, curve, until):

@@ -43,7 +43,8 @@ class Settings:
     verdict: str | None                 # --verdict paired | margin (None: the tag's, or paired for a new tag)
     false_keep: float | None            # --false-keep-rate of the paired rule (None: the tag's, or FALSE_KEEP)
     source: str | None                  # local files to prepare the data from when none is prepared
-    cancel: str = "on"                  # --cancel on | off: stop a candidate's first run whose curve is behind
+    cancel: str = "on"                  # --cancel on | off | a rule in curves.RULES: stop a candidate's first run
+    #                                     whose curve is behind
     new_hardware: bool = False          # --new-hardware: the tag's fingerprint (harness.hardware) differs here:
                                         # measure a new baseline on this hardware before any new candidate
     proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
@@ -251,10 +252,9 @@ def add_common_flags(p):
                    "(the best's train.py, --baseline-runs times) is measured here before anything else, and every "
                    "later row is marked [hwN] (report.py keeps the hardware apart). `try`: with --baseline. Without "
                    "it such a resume is refused, naming the differences")
-    p.add_argument("--cancel", choices=("on", "off"), default="on", help="on (default): stop a candidate's first run "
-                   f"early, a discard, when its loss at the same progress is more than {curves.K:g} noise sds behind "
-                   f"the best's at {curves.CONSECUTIVE} checkpoints in a row from {100 * curves.WARMUP:g} %% of the "
-                   "budget (docs/loop.md); off: every run trains to the end")
+    p.add_argument("--cancel", choices=("on", "off", *curves.RULES), default="on", help=f"on (default): "
+                   f"{curves.RULES[curves.DEFAULT].words().replace('%', '%%')} (docs/loop.md); off: every run trains to the end; or a "
+                   "cancel rule by name")
     p.add_argument("--mlflow", nargs="?", const="", metavar="URI", help="mirror each experiment into MLflow as a run "
                    "(params, metrics, the learning curve, the diff; docs/tracking.md): URI of the tracking store "
                    f"(default: {tracking.DEFAULT_URI.format(target='<target>')}, artifacts in <target>/"

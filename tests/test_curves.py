@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import agent
 import report
 from harness import curves, edits, runner
 from harness.ledger import Row
+from harness.settings import parse
 
 REAL_LINE = ("step 00412 ({p:.1f}%) | loss: {loss:.4f} | lrm: {lrm:.2f} | dt: 312ms | tok/s: 13,120 | mfu: 1.2% | "
              "epoch: 1 | left: 31s")
@@ -166,6 +168,46 @@ def test_values_no_one_believes_are_ignored_and_the_watch_never_raises(tmp_path)
     log = tmp_path / "run.log"
     log.write_text("".join(REAL_LINE.format(p=p, loss=9.0, lrm=1.0) + "\n" for p in range(0, 101, 5)))
     assert curves.Watcher([huge], [huge, huge, huge]).live(log)() is None
+
+
+class Median:
+    """An Optuna-style median pruner, registered in the test alone (issue 38: a cancel rule is one class and one
+    name): behind the median of the yardstick's runs at the first checkpoint from the warm-up on."""
+
+    def decide(self, candidate, w):
+        for p in curves.checkpoints(w.warmup)[:1]:
+            loss, theirs = candidate.at(p), [v for c in w.best if (v := c.at(p)) is not None]
+            if loss is not None and theirs and loss > statistics.median(theirs):
+                return curves.Cancel(p, loss, statistics.median(theirs), 0.0, 0.0, w.yardstick, rule="median")
+        return None
+
+    def why(self, cancel):
+        return "above the median of its runs"
+
+    def words(self):
+        return "stop a run above the median of the best's runs at the first checkpoint"
+
+
+def test_a_cancel_rule_registered_by_name_decides_live_is_named_in_its_words_and_read_back(tmp_path, monkeypatch):
+    baseline = [curve(lambda p, s=s: 3.0 - p + s) for s in (-0.01, 0.0, 0.01)]
+    log = tmp_path / "run.log"
+    log.write_text("".join(REAL_LINE.format(p=100 * q.progress, loss=q.loss + 0.005, lrm=1.0) + "\n"
+                           for q in baseline[1].points))          # 0.5 sd behind: the default rule lets it run
+    assert curves.Watcher(baseline, baseline).live(log)() is None
+    assert curves.Watcher(baseline, baseline, rule="median").live(log)() is None      # not registered: not watched
+    with pytest.raises(SystemExit):
+        parse(["--tag", "t", "--cancel", "median"])
+    monkeypatch.setitem(curves.RULES, "median", Median())
+    found = curves.Watcher(baseline, baseline, rule="median").live(log)()
+    assert (found.at, round(found.loss, 4), round(found.best, 4), found.rule) == (0.7, 2.305, 2.3, "median")
+    assert found.words() == "cancelled at 70%: loss 2.3050 vs the best's 2.3000 at the same point (above the median " \
+                            "of its runs)"
+    assert found.fields()["rule"] == "median" and curves.Cancel(**found.fields()) == found    # an event, read back
+    assert "rule" not in curves.decide(curve(lambda p: 3.5 - p), baseline, baseline).fields()   # the default's: as before
+    assert parse(["--tag", "t", "--cancel", "median"]).cancel == "median"
+    assert [curves.rule_name(s) for s in ("on", "off", "median")] == [curves.DEFAULT, None, "median"]
+    monkeypatch.delitem(curves.RULES, "median")      # a tag's events from a version that had it: the numbers alone
+    assert found.words() == "cancelled at 70%: loss 2.3050 vs the best's 2.3000 (rule median)"
 
 
 def test_the_noise_sd_is_never_below_the_sd_pooled_over_the_checkpoints():
