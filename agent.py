@@ -37,13 +37,13 @@ from harness import checks, cluster, console, experiment, hybrid, ideas, ledger,
 from harness.errors import Interrupts, SetupError, Stop, from_interrupt
 from harness.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
-from harness.pool import Pool
+from harness.pool import Local, Pool, acquired
 from harness.proposers import make_proposer
 from harness.providers import Spend
 from harness.prompts import SYSTEM_PROMPT, goal_word
 from harness.runner import become_subreaper
 from harness.session import RUN_LOG, interrupt_words, open_session
-from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, parse  # noqa: F401  (the loop's rules, stated there)
+from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, THREADS, parse  # noqa: F401  (the loop's rules, stated there)
 from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 from harness.schema import Event
 
@@ -249,11 +249,11 @@ def main(argv=None):
             proposer.check()            # stop here, before anything is created or trained
         with lock_repo(repo := open_repo(target)):
             profile = profile_of(ensure_prepared(target, settings.source))   # a fresh machine: prepared here
-            devices = list(settings.device_list) if settings.ray is None else cluster.connect(settings.ray, dict(
-                sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops here
-                hide=[repo.working_tree_dir, str(git_dir(repo))]))
-            s, constants = open_session(settings, profile)
-            return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
+            with acquired(Local(settings.devices, THREADS) if settings.ray is None else cluster.RaySource(settings.ray,
+                    dict(sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops
+                         hide=[repo.working_tree_dir, str(git_dir(repo))]))) as devices:     # here
+                s, constants = open_session(settings, profile, devices)
+                return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
     except (KeyboardInterrupt, Exception) as e:     # Ctrl-C, also inside an import (wrapped by Python)
         return ending(e, s, settings, interrupts)
     finally:

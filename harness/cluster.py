@@ -12,6 +12,7 @@ task's resources, waiting, and a lost worker (node gone, process killed) retried
     uv run agent.py --tag dec1 --ray auto      # or --ray <head>:6379
 """
 
+import dataclasses
 import logging
 import os
 import socket
@@ -26,6 +27,20 @@ from harness.schema import Event
 
 CONNECT_TIMEOUT_S = 5.0         # --ray HOST:PORT must accept a TCP connection this fast
 TICK_S = 1.0                    # how often the driver looks at a task in flight (status line, Ctrl-C)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySource:
+    """--ray as a harness.pool.DeviceSource: the cluster's slots (connect). release keeps the Ray session: it is this
+    process's (a caller's own session is used as it is), and ends with it."""
+    address: str
+    context: dict
+
+    def acquire(self):
+        return connect(self.address, self.context)
+
+    def release(self):
+        pass
 
 
 def connect(address, context):

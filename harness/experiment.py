@@ -212,7 +212,7 @@ def cancel_watcher(s, n, run, sha, base):
     rule = curves.rule_name(s.settings.cancel)
     if rule is None or not n or run or base is None or not s.history:
         return None
-    if s.wrap is None and len(s.settings.device_list) > 1:    # unsandboxed runs side by side could write into each
+    if s.wrap is None and sum(d.remote is None for d in s.devices) > 1:    # unsandboxed runs side by side could write into each
         return None                                            # other's logs: curves are then not evidence
     with s.lock:
         baseline, original = ledger.baseline_of(s.history)["full_commit"], s.history[0]["full_commit"]

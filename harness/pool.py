@@ -7,6 +7,7 @@ process, agent.py, owns git, results.tsv and events.jsonl: a worker only trains,
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import queue
@@ -15,7 +16,10 @@ import signal
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
+
+from harness.errors import SetupError
 
 
 @dataclasses.dataclass
@@ -30,6 +34,44 @@ class Device:
     remote: object = None
     busy_s: float = 0.0             # seconds it spent running (training, evaluation, confirmations) this invocation
     since: float | None = None      # when the job in flight on it started (monotonic), None when it is free
+
+
+class DeviceSource(typing.Protocol):
+    """Where an invocation's devices come from: --devices on this machine (Local), a Ray cluster's slots (--ray:
+    harness.cluster.RaySource), or a scheduler's allocation (a class of its own, in one file). agent.py acquires them
+    once, before the tag opens, and releases them however the invocation ends (`acquired`)."""
+
+    def acquire(self):
+        """The Devices the runs go to (a list, at least one). Raises SetupError naming the problem and the fix."""
+
+    def release(self):
+        """Give them back (after the last run has ended)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Local:
+    """--devices on this machine (parse_devices); nothing to give back."""
+    spec: str | None
+    threads: int
+
+    def acquire(self):
+        try:
+            return parse_devices(self.spec, self.threads)
+        except ValueError as e:
+            raise SetupError(str(e)) from None
+
+    def release(self):
+        pass
+
+
+@contextlib.contextmanager
+def acquired(source):
+    """The with block gets source.acquire()'s devices; source.release() runs after it, however it ends."""
+    devices = source.acquire()
+    try:
+        yield devices
+    finally:
+        source.release()
 
 
 def parse_devices(spec, threads, gpus=None):

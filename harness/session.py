@@ -77,6 +77,8 @@ class Session:
     last: str = "-"                     # the last verdict, for the status line
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
     recording: int | None = None        # `try`: the experiment this invocation records (an interrupt's words)
+    devices: list = dataclasses.field(default_factory=list)   # harness.pool.Device: where this invocation's runs go
+    #                                     (agent.py's DeviceSource; empty: this machine as it is)
     pool: object = None                 # harness.pool.Pool: the devices of the loop (None for `try`)
     search: object = None               # harness.search.Search: the tag's study, once a search opened it
     blobs: dict = dataclasses.field(default_factory=dict)   # experiment n -> blob sha of its train.py (duplicate_of)
@@ -283,7 +285,7 @@ def describe(e, metric):
 # ---------------------------------------------------------------------------
 
 
-def open_session(settings, profile=None):
+def open_session(settings, profile=None, devices=()):
     """Check everything, then create autoresearch/<tag> from HEAD or resume it. Returns (Session, constants).
 
     The user's checkout stays on its branch; only the target's train.py and frozen files must be committed (their
@@ -297,6 +299,7 @@ def open_session(settings, profile=None):
     all_events = ledger.read_events(target / ledger.EVENTS)   # a line cut mid-write is skipped (cut after the checks)
     state = ledger.tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state, profile)
+    s.devices = list(devices)
     mlflow = tracking.sqlite_path(settings.mlflow) if settings.mlflow else None
     checks.regular_records(records(s), [s.home.parent, s.home, s.home / "logs"], [mlflow] if mlflow else [])
     checks.one_target(s)
@@ -522,7 +525,7 @@ def hardware_side(s, all_events):
     a = s.settings
     if a.command == "try" and a.sync:
         return
-    s.hardware = hardware.measure(a.device_list, a.ray is not None, (s.evaluation or {}).get("digest"))
+    s.hardware = hardware.measure(s.devices, a.ray is not None, (s.evaluation or {}).get("digest"))
     recorded = ledger.hardware_events(all_events, a.tag)
     last = recorded[-1] if recorded else None
     s.hardware_epoch = last.get("epoch", 1) if last else 1

@@ -59,7 +59,6 @@ class Settings:
     hours: float | None = None          # hours of this invocation,
     max_cost_usd: float | None = None   # the tag's LLM spend
     devices: str | None = None          # --devices as given
-    device_list: tuple = ()             # harness.pool.Device per place a run can go (parsed from --devices)
     ray: str | None = None              # a Ray cluster's address, or "auto"
     no_speculate: bool = False          # ask for an idea only when a device is free
     no_holdout: bool = False            # skip the end-of-run holdout re-score (report.py --holdout does it later)
@@ -168,7 +167,7 @@ def parse_args(argv):
     if args.devices is not None and args.ray is not None:
         p.error("--devices and --ray: pick one (a Ray cluster schedules its own GPUs)")
     try:
-        args.device_list = tuple(parse_devices(args.devices, THREADS))
+        parse_devices(args.devices, THREADS)        # checked here, made by agent.py (pool.Local)
     except ValueError as e:
         p.error(str(e))
     if args.model is None and args.llm in PROVIDERS:

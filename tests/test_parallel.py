@@ -467,3 +467,33 @@ def test_your_edit_of_results_tsv_during_two_unsandboxed_runs_is_saved_and_rejec
     saved = target / rejected[0]["description"].split("copy at ")[1].split(")")[0]
     assert saved.read_text().endswith("mine\t0.5\t0.0\tkeep\tmy own note\n")
     assert "my own note" not in (target / "results.tsv").read_text()
+
+
+def test_settings_hold_no_device_and_a_scheduler_is_one_device_source():
+    """Settings are frozen values (hashable: no pool.Device, which the pool mutates); the devices come from a
+    DeviceSource at start, here a scheduler's allocation written in the test alone, released however the
+    invocation ends (a refused start included)."""
+    for argv in (["--tag", "t", "--proposer", "random", "--devices", "cpu:2"], ["try", "--tag", "t", "-m", "x"]):
+        parsed = settings.parse(argv)
+        assert hash(parsed) and not any(isinstance(v, pool.Device) for v in vars(parsed).values())
+    assert [(d.name, d.threads) for d in pool.Local("cpu:2", 2).acquire()] == [("cpu:0", 1), ("cpu:1", 1)]
+    with pytest.raises(agent.SetupError, match="between cpu:1 and cpu:2"):
+        pool.Local("cpu:3", 2).acquire()
+
+    class Scheduler:
+        """GPUs handed out by a scheduler: its allocation (an environment variable, say) read at acquire."""
+        def __init__(self):
+            self.calls = []
+
+        def acquire(self):
+            self.calls.append("acquire")
+            return [pool.Device("slurm:0", {"CUDA_VISIBLE_DEVICES": ""}, 1)]
+
+        def release(self):
+            self.calls.append("release")
+
+    source = Scheduler()
+    with pytest.raises(RuntimeError), pool.acquired(source) as devices:
+        assert [d.name for d in devices] == ["slurm:0"] and source.calls == ["acquire"]
+        raise RuntimeError("the loop stopped")
+    assert source.calls == ["acquire", "release"]
