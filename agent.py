@@ -194,10 +194,10 @@ def stop_reason(s, loop):
     return None
 
 
-def research_main(s, proposer, constants, devices):
+def research_main(s, proposer, constants):
     """The loop's own setup (the proposer, its prompts and check, the preflight, the devices), then research_loop
     until a limit. Returns 0."""
-    a, target = s.settings, s.target
+    a, target, devices = s.settings, s.target, s.devices
     search.attach(s, proposer)          # the profile it edits; a sampler's study (harness/search)
     proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
     system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
@@ -233,6 +233,9 @@ def research_main(s, proposer, constants, devices):
     return 0
 
 
+COMMANDS = {"loop": research_main, "try": try_one}   # Settings.command -> (s, proposer, constants) -> exit code
+
+
 def main(argv=None):
     """Entry point: `agent.py --tag T ...` runs the loop, `agent.py try --tag T ...` one experiment (try_one). Exit
     codes: 0 clean stop at a limit (try: a verdict), 1 stopped by a problem (message on stderr), 2 bad input or state
@@ -253,7 +256,7 @@ def main(argv=None):
                     dict(sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops
                          hide=[repo.working_tree_dir, str(git_dir(repo))]))) as devices:     # here
                 s, constants = open_session(settings, profile, devices)
-                return try_one(s) if settings.command == "try" else research_main(s, proposer, constants, devices)
+                return COMMANDS[settings.command](s, proposer, constants)
     except (KeyboardInterrupt, Exception) as e:     # Ctrl-C, also inside an import (wrapped by Python)
         return ending(e, s, settings, interrupts)
     finally:
@@ -268,7 +271,7 @@ def ending(e, s, settings, interrupts):
         try:
             if s is not None:
                 s.repo.git.clear_cache()    # git's helper processes died with the Ctrl-C: fresh ones from here
-            log_stop(s, "interrupted", "interrupted")
+            experiment.log_stop(s, "interrupted", "interrupted")
             interrupts.quiet()
         except KeyboardInterrupt:           # a second Ctrl-C cuts the clean-up short (the next start completes it)
             pass
@@ -278,22 +281,13 @@ def ending(e, s, settings, interrupts):
         console.error(f"agent.py: error: {e}")
         return 2
     if isinstance(e, Stop):
-        log_stop(s, "error", str(e))
+        experiment.log_stop(s, "error", str(e))
         console.error(f"agent.py: stopped: {e}")
         return 1
     if isinstance(e, (GitError, OSError)) and failure_words(e) is not None:   # git or the machine (disk full, a
         console.error(f"agent.py: stopped: {failure_words(e)}, then rerun the same command to resume")   # file made
         return 1                            # read-only): every record before it is complete, a rerun resumes there
     raise
-
-
-def log_stop(s, event, reason):
-    """Log why the loop ended. Nothing to undo: the branch only moves to a kept commit (runs are killed on errors)."""
-    if s is not None and s.best_commit:
-        try:
-            experiment.stopped(s, reason=reason, status=event)
-        except (Stop, OSError):         # the ledger itself is what failed: the stop's message says so
-            pass
 
 
 if __name__ == "__main__":

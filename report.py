@@ -29,7 +29,8 @@ from harness.analysis import (Epoch, EventStats, Run, Summary, _duration, _signe
                               summarize, throughput_of, without_cancelled)
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, baseline_of,  # noqa: F401
                             epoch_of_row, experiment_events, hardware_events, is_baseline, load_results, read_events,
-                            rows_by_tag, select_tag, tag_state)
+                            rows_by_tag, select_tag)
+from harness.tagview import tag_state  # noqa: F401
 from harness.plots import LABELS, PLOTTABLE, _y_limits, plot_curves, plot_progress, plottable, save_figure  # noqa: F401
 
 

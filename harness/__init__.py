@@ -37,6 +37,7 @@ files a change touches.
     perturb     the grid sweep of train.py's UPPER_CASE constants, and the PROFILE branch that runs
     gitops      git: the branch, candidate commits and refs, exports of a commit's blobs, notes, the repository lock
     ledger      results.tsv and events.jsonl: the formats, writing, reading, resume facts, git note text
+    tagview     a tag as its events say it stands (history, best, baseline, epoch, spend, rule), read only: read_tag
     schema      the event schema: every event name and what it records, readers by kind
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
     hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA); --new-hardware re-measures the baseline

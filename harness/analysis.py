@@ -19,7 +19,8 @@ from harness.errors import SetupError
 from harness.gitops import harness_dir
 from harness.holdout import holdout_summary, pinned_env
 from harness.ledger import (SMOKE_LABEL, STATUSES, archive_path, baseline_of, epoch_of_row, experiment_events,
-                            hardware_events, is_baseline, load_results, read_events, rows_by_tag, select_tag, tag_state)
+                            hardware_events, is_baseline, load_results, read_events, rows_by_tag, select_tag)
+from harness.tagview import tag_state
 from harness.schema import Event
 from harness.target import read_literals
 from harness.verdict import rule_of as verdict_rule, settings_of
@@ -382,7 +383,7 @@ def curves_of(run, commits=None):
 
 def rule_of(run, baseline=None):
     """The verdict rule the run's tag was judged by (harness.verdict.Rule): paired or margin, its flags fixed with its
-    baseline (ledger.tag_state), its noise and floor from its current baseline (baseline: that of another of its
+    baseline (tagview.tag_state), its noise and floor from its current baseline (baseline: that of another of its
     baselines' "experiment" event: an earlier hardware epoch's); None without events or from before they were
     logged."""
     tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")

@@ -552,3 +552,14 @@ def stopped(s, **fields):
     s.log(Event.STOP, **fields)
     for sink in sinks.SINKS:
         sink.on_stop(s)
+
+
+def log_stop(s, event, reason):
+    """Log why the loop ended (s: None before the session opened, or a tag with no best yet: nothing to log). Nothing
+    to undo: the branch only moves to a kept commit (runs are killed on errors). A failure of the ledger itself is
+    not raised again: the stop's message says so."""
+    if s is not None and s.best_commit:
+        try:
+            stopped(s, reason=reason, status=event)
+        except (Stop, OSError):
+            pass

@@ -21,11 +21,12 @@ from harness.verdict import Verdict
 from harness.schema import Event
 
 
-def try_one(s):
+def try_one(s, proposer=None, constants=None):
     """`agent.py try`: the checkout's train.py becomes one experiment with the loop's guarantees and rules (commit on
     top of the best, hermetic sandboxed run with the timeout, separate evaluation, judge, event, row, note, branch),
     then train.py in your checkout is the best commit's again. `--baseline` measures the branch start instead, and
-    `--fix` amends the last crashed candidate as the loop's fix step does. Returns the exit code (0: a verdict)."""
+    `--fix` amends the last crashed candidate as the loop's fix step does. Returns the exit code (0: a verdict).
+    proposer, constants: unused (agent.COMMANDS' signature; the external agent proposes)."""
     a, train_path = s.settings, s.target / "train.py"
     if a.sync:
         return sync_checkout(s)

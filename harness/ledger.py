@@ -23,7 +23,6 @@ n is the number of the tag's "experiment" events, so an interrupted experiment i
 reachable under refs/autoresearch/<tag>/), and no row is ever duplicated or lost.
 """
 
-import collections
 import dataclasses
 import datetime
 import errno
@@ -537,51 +536,6 @@ def select_tag(rows, events, tag):
             picked.append(rows[j])
             i = j - 1
     return picked[::-1]
-
-# ---------------------------------------------------------------------------
-# Resume: what a tag's events say about where it stands
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class TagState:
-    """A tag's position rebuilt from its events (see the order of operations in the module docstring)."""
-    history: list           # the tag's "experiment" events, in order (the baseline is n = 0)
-    kept: list              # those with status keep
-    cost_usd: float         # LLM spend and tokens so far (the "propose" events)
-    input_tokens: int
-    output_tokens: int
-    stale_runs: list        # the "run" events of training runs started but not ended by the last invocation
-    rule: dict | None       # {confirm, margin, verdict, false_keep} the tag's verdicts use: its baseline's (older
-                            # tags: their first start event's; verdict "margin" before the paired rule), None
-                            # before the baseline is recorded (or not recorded at all)
-
-
-def tag_state(all_events, tag):
-    """The TagState of `tag` from every event of the file."""
-    mine = [e for e in all_events if e.get("tag") == tag]
-    history = schema.of(mine, Event.EXPERIMENT)
-    proposals = schema.of(mine, Event.PROPOSE)
-    starts = [i for i, e in enumerate(mine) if e.get("event") == Event.START]
-    ends = collections.Counter(run_key(e) for e in mine[starts[-1] if starts else 0:] if e.get("event") == Event.RUN_END)
-    stale = []                              # the last invocation's runs without their run_end (several devices: many)
-    for e in mine[starts[-1] if starts else 0:]:
-        if e.get("event") == Event.RUN:
-            if ends[run_key(e)]:
-                ends[run_key(e)] -= 1
-            elif e.get("pgid") is not None:
-                stale.append(e)
-    ruled = [e for e in (history[:1] + schema.of(mine, Event.START)) if "confirm" in e]
-    rule = None
-    if history and ruled:
-        rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin"),
-                "verdict": ruled[0].get("verdict") or "margin", "false_keep": ruled[0].get("false_keep")}
-    return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
-                    cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
-                    input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
-                    output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
-                    stale_runs=stale, rule=rule)
-
 
 def is_baseline(e):
     """Whether an "experiment" event measured a baseline: experiment 0, or a re-baseline on new hardware

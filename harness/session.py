@@ -33,6 +33,7 @@ from harness.holdout import pinned_env
 from harness.providers import Spend
 from harness.search import STUDY_DB
 from harness.settings import Settings
+from harness.tagview import Derived, read_tag, tag_state
 from harness.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
                              run_prepare)
 from harness.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, Rule, rule_of
@@ -43,7 +44,7 @@ TRY_LOG = "try.log"                 # where program.md's background `try` writes
 
 
 @dataclasses.dataclass
-class Session:
+class Session(Derived):
     """A tag's state; rebuilt from git and events.jsonl on every start (see open_session). Written by the steps of an
     experiment (harness.experiment) under `lock`; the loop's own state (queue, ideas, failures) is agent.py's."""
     settings: Settings
@@ -107,34 +108,6 @@ class Session:
     hardware_epoch: int = 1             # the tag's current hardware epoch (its latest "hardware" event's; 2, 3, ...
     #                                     after each --new-hardware): every experiment event carries it
     deferred: list = dataclasses.field(default_factory=list)   # [(event, fields)] logged right after "start"
-
-    @property
-    def best_event(self):
-        """The "experiment" event of the best commit (the last keep), or None before the baseline."""
-        return next((e for e in reversed(self.history) if e["status"] == "keep"), None)
-
-    @property
-    def best_metric(self):
-        """The best's metric, from its event (best_event; None before the baseline): it cannot disagree with the
-        history."""
-        return (self.best_event or {}).get("metric")
-
-    @property
-    def baseline_metric(self):
-        """The current baseline's metric (ledger.baseline_of: the latest hardware epoch's), None before one."""
-        return (ledger.baseline_of(self.history) or {}).get("metric")
-
-    @property
-    def baseline_due(self):
-        """Whether a baseline is measured before any candidate: the tag has none yet, or its current hardware epoch
-        (--new-hardware) has none (a kill before it was recorded leaves it due)."""
-        base = ledger.baseline_of(self.history)
-        return base is None or base.get("hardware_epoch", 1) < self.hardware_epoch
-
-    @property
-    def next_n(self):
-        """The number of the next experiment."""
-        return len(self.history)       # the baseline is experiment 0
 
     def log(self, event, **fields):
         """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
@@ -297,7 +270,7 @@ def open_session(settings, profile=None, devices=()):
     check_target(target)
     constants = read_frozen_constants(target / "prepare.py")
     all_events = ledger.read_events(target / ledger.EVENTS)   # a line cut mid-write is skipped (cut after the checks)
-    state = ledger.tag_state(all_events, settings.tag)
+    state = tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state, profile)
     s.devices = list(devices)
     mlflow = tracking.sqlite_path(settings.mlflow) if settings.mlflow else None
@@ -332,7 +305,7 @@ def left_behind(s, n=None):
     keep. A record the next start completes (ledger.py's order of writes) is named as such. n: None when the last
     experiment on disk is not experiment n (`try`: its result not recorded)."""
     try:
-        history = ledger.experiment_events(ledger.read_events(s.target / ledger.EVENTS), s.settings.tag)
+        history = read_tag(s.target, s.settings.tag).history
         tip = s.repo.heads[s.branch].commit.hexsha if s.branch in s.repo.heads else None
         if not history:
             return "nothing was recorded yet"

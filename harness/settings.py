@@ -77,9 +77,9 @@ class Settings:
 
 
 def parse(argv):
-    """Settings from agent.py's argv: `try ...` for an external agent's experiment, else the loop. Exits 2 on bad
-    flags."""
-    args = parse_try_args(argv[1:]) if argv[:1] == ["try"] else parse_args(argv)
+    """Settings from agent.py's argv: a command named first (SUBCOMMANDS: `try ...` for an external agent's
+    experiment), else the loop. Exits 2 on bad flags."""
+    args = SUBCOMMANDS[argv[0]](argv[1:]) if argv[:1] and argv[0] in SUBCOMMANDS else parse_args(argv)
     return Settings(**vars(args))
 
 
@@ -212,6 +212,10 @@ def parse_try_args(argv):
         p.error(f"-m: {EMPTY_DESCRIPTION}")
     args.command, args.proposer, args.model, args.base_url = "try", "external", None, None
     return args
+
+
+SUBCOMMANDS = {"try": parse_try_args}   # agent.py's first word -> its parser (Settings.command names it); the loop:
+#                                         parse_args. What each runs: agent.COMMANDS
 
 
 def add_common_flags(p):

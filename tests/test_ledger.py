@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness import curves, ledger, runner
+from harness import curves, ledger, runner, tagview
 
 
 def experiment(tag, n, commit, metric, status="keep", description="idea", **extra):
@@ -136,11 +136,21 @@ def test_tag_state_rebuilds_history_spend_and_stale_runs(tmp_path):
            experiment("u", 0, "0000000", 2.0)]
     path = tmp_path / "events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in log) + '{"event": "torn')
-    state = ledger.tag_state(ledger.read_events(path), "t")     # read_events skips the torn last line
+    state = tagview.tag_state(ledger.read_events(path), "t")     # read_events skips the torn last line
     assert [e["n"] for e in state.history] == [0, 1] and [e["commit"] for e in state.kept] == ["abc1234", "def5678"]
     assert state.cost_usd == 0.007 and (state.input_tokens, state.output_tokens) == (150, 50)
     assert [e["pgid"] for e in state.stale_runs] == [43]
     assert [e["n"] for e in ledger.experiment_events(ledger.read_events(path), "u")] == [0]
+    # read only: the same state from the target folder, its best and baseline derived; nothing written, not even a
+    # repair of the torn line
+    before = path.read_bytes()
+    read = tagview.read_tag(tmp_path, "t")
+    assert read == state and path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "events.jsonl"]
+    assert (read.best_metric, read.baseline_metric, read.next_n, read.hardware_epoch, read.baseline_due) == (
+        1.25, 1.5, 2, 1, False)
+    assert tagview.read_tag(tmp_path / "elsewhere", "t").history == [] and tagview.read_tag(tmp_path, "v").best_event \
+        is None
 
 
 def test_run_key_pairs_a_run_with_its_end():

@@ -139,3 +139,14 @@ def test_harness_imports_no_script_and_has_no_import_circle():
         if m not in state:
             visit(m, [m])
     assert circles == []
+
+
+def test_every_command_has_one_parser_and_one_entry_in_the_table():
+    """agent.py's commands are one table (agent.COMMANDS: what runs on the opened tag) and their parsers another
+    (settings.SUBCOMMANDS; the loop's is parse_args): each parsed command names an entry."""
+    import agent
+    from harness import settings
+    assert set(agent.COMMANDS) == {"loop", *settings.SUBCOMMANDS}
+    assert settings.parse(["--tag", "t", "--proposer", "random"]).command == "loop"
+    for name in settings.SUBCOMMANDS:
+        assert settings.parse([name, "--tag", "t", "-m", "x"]).command == name
