@@ -5,7 +5,7 @@ in the morning.
     uv run agent.py --tag nov30                        # LLM proposer (ANTHROPIC_API_KEY or OPENAI_API_KEY)
     uv run agent.py --tag nov30 --proposer random      # no API key: random hyperparameter perturbations
     uv run agent.py --tag nov30 --target grpo          # another target: a dir with program.md, prepare.py, train.py
-    uv run agent.py try --tag nov30 -m "idea"          # one experiment for Claude Code / Codex (harness/external.py)
+    uv run agent.py try --tag nov30 -m "idea"          # one experiment for Claude Code / Codex (harness/propose/external.py)
     uv run agent.py --help                             # every flag
 
 This file is the loop and its rules; research_loop() is program.md's LOOP FOREVER, with every device busy:
@@ -33,18 +33,22 @@ import sys
 import time
 from pathlib import Path
 
-from harness import checks, cluster, console, experiment, hybrid, ideas, ledger, search
+from harness import console, ledger
+from harness.propose import hybrid, ideas, search
+from harness.record import experiment
+from harness.run import cluster
+from harness.tag import checks
 from harness.errors import Interrupts, SetupError, Stop, from_interrupt
-from harness.external import try_one
+from harness.propose.external import try_one
 from harness.gitops import GitError, failure_words, git_dir, lock_repo, open_repo
-from harness.pool import Local, Pool, acquired
-from harness.proposers import make_proposer
-from harness.providers import Spend
-from harness.prompts import SYSTEM_PROMPT, goal_word
-from harness.runner import become_subreaper
-from harness.session import RUN_LOG, interrupt_words, open_session
-from harness.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, THREADS, parse  # noqa: F401  (the loop's rules, stated there)
-from harness.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
+from harness.run.pool import Local, Pool, acquired
+from harness.propose.proposers import make_proposer
+from harness.propose.providers import Spend
+from harness.propose.prompts import SYSTEM_PROMPT, goal_word
+from harness.run.runner import become_subreaper
+from harness.tag.session import RUN_LOG, interrupt_words, open_session
+from harness.tag.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, THREADS, parse  # noqa: F401  (the loop's rules, stated there)
+from harness.run.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 from harness.schema import Event
 
 
@@ -98,7 +102,7 @@ def research_loop(s, loop):
 
 
 def propose(s, loop, k):
-    """Ask for k ideas (harness.ideas); an iteration with no usable answer counts as a failure for the breaker."""
+    """Ask for k ideas (harness.propose.ideas); an iteration with no usable answer counts as a failure for the breaker."""
     if not ideas.propose(s, loop.backlog, loop.assigned, loop.running(), k):
         loop.failures.append(True)
 

@@ -1,7 +1,7 @@
 """
 HARNESS: review a run. Reads a target's results.tsv (and its events.jsonl when present), prints a summary
 (counts by status, baseline, best, improvement, success rate, the kept commits, time and cost) and writes
-progress.png. The analysis is harness/analysis.py and the figures harness/plots.py; this file is their command line
+progress.png. The analysis is harness/record/analysis.py and the figures harness/record/plots.py; this file is their command line
 and re-exports them, so analysis.ipynb (`import report`) and the terminal always agree.
 
 Usage:
@@ -19,10 +19,10 @@ pass@1 -> max).
 import argparse
 import sys
 
-from harness import dashboard
+from harness.record import dashboard
 from harness.errors import SetupError
 # the analysis, the figures and the ledger's one reader, re-exported for analysis.ipynb and older callers
-from harness.analysis import (Epoch, EventStats, Run, Summary, _duration, _signed, better, cancelled_of,  # noqa: F401
+from harness.record.analysis import (Epoch, EventStats, Run, Summary, _duration, _signed, better, cancelled_of,  # noqa: F401
                               curve_logs, curves_of, epoch_lines, epochs_of, event_stats, format_events, format_kept,
                               format_summary, has_metric, holdout_of, infer_goal, is_smoke, kept_table, load_events,
                               load_run, memory_of, noise_of, plain, proposers_of, read_goal, rule_of, running_best,
@@ -30,8 +30,8 @@ from harness.analysis import (Epoch, EventStats, Run, Summary, _duration, _signe
 from harness.ledger import (SMOKE_LABEL, STATUSES, Results, Row, archive_path, baseline_of,  # noqa: F401
                             epoch_of_row, experiment_events, hardware_events, is_baseline, load_results, read_events,
                             rows_by_tag, select_tag)
-from harness.tagview import tag_state  # noqa: F401
-from harness.plots import LABELS, PLOTTABLE, _y_limits, plot_curves, plot_progress, plottable, save_figure  # noqa: F401
+from harness.tag.tagview import tag_state  # noqa: F401
+from harness.record.plots import LABELS, PLOTTABLE, _y_limits, plot_curves, plot_progress, plottable, save_figure  # noqa: F401
 
 
 def main(argv=None):

@@ -1,5 +1,5 @@
 """
-BENCHMARK: early cancellation (harness/curves.py). A campaign of agent.py with --cancel off on the real train.py (cpu
+BENCHMARK: early cancellation (harness/judge/curves.py). A campaign of agent.py with --cancel off on the real train.py (cpu
 profile, --proposer random over the constants that leave the schedule alone, so every point may be cancelled) records
 every run's curve; the rule is then replayed on those curves for several k and warm-up values: the device time it would
 have saved (a cancelled run's rest, its evaluation and its further runs) as a share of the device time of the discarded
@@ -26,7 +26,7 @@ from pathlib import Path
 from benchrepo import ROOT, bench_repo, parse_bench_args, prepare_cache, save
 
 sys.path.insert(0, str(ROOT))
-from harness import curves  # noqa: E402
+from harness.judge import curves  # noqa: E402
 
 TAG = "bench"
 # the searched constants: none of the schedule's (curves.SCHEDULE), whose changes are never cancelled

@@ -27,7 +27,8 @@ from benchrepo import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 import report  # noqa: E402
-from harness import curves, dashboard  # noqa: E402
+from harness.judge import curves  # noqa: E402
+from harness.record import dashboard
 
 TAG = "big"
 

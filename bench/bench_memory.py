@@ -32,7 +32,7 @@ from benchrepo import ROOT, bench_repo, parse_bench_args, prepare_cache, save
 
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from llm_server import ScriptedLLM  # noqa: E402
-from harness import memory, perturb  # noqa: E402
+from harness.propose import memory, perturb  # noqa: E402
 
 MECHANISM = '''
 def review(proposal, history):

@@ -9,7 +9,7 @@ verdict costs in device-seconds, on the real train.py (cpu profile, a short budg
    its difference to the baseline at the same seed; the noise sd: the baseline's sd over seeds.
 2. Judge, side by side in one run: --tags simulated tags per rule, each --verdicts verdicts of edits drawn at random,
    every run's number looked up in the table at the seed the rule gives it (the rules' code itself:
-   harness.verdict.judge and judge_paired, fed the measured numbers):
+   harness.judge.verdict.judge and judge_paired, fed the measured numbers):
      strict  karpathy's ratchet: one baseline run, one run per candidate, strictly better (--confirm 0)
      margin  3 baseline runs, a margin of 2 noise sds, one confirmation run, seeds never shared (the old default)
      paired  3 baseline runs, each candidate's run r at the baseline's seed r, the sequential t-test with the tag's
@@ -43,8 +43,8 @@ from pathlib import Path
 from benchrepo import ROOT, bench_repo
 
 sys.path.insert(0, str(ROOT))
-from harness.runner import Outcome  # noqa: E402
-from harness.verdict import Rule, judge, judge_paired, pooled_of  # noqa: E402
+from harness.run.runner import Outcome  # noqa: E402
+from harness.judge.verdict import Rule, judge, judge_paired, pooled_of  # noqa: E402
 
 # (name, [(old line, new line)]): applied to train.py's cpu-profile block and constants
 EDITS = [

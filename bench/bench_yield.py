@@ -48,8 +48,9 @@ sys.path.insert(0, str(BENCH))
 import lab_table  # noqa: E402
 from lab_table import ROOT, SPACE, TableError, key  # noqa: E402
 
-from harness import curves, edits, perturb, search, verdict  # noqa: E402
-from harness.runner import Kind, Outcome  # noqa: E402
+from harness.judge import curves, verdict  # noqa: E402
+from harness.propose import edits, perturb, search
+from harness.run.runner import Kind, Outcome  # noqa: E402
 
 PROFILE = "lab"
 AGENT_OVERHEAD_S = 25.0     # a run through agent.py beyond plain train.py's wall: 91.9-98.3 s (mean 95.5) from its

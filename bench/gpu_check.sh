@@ -90,7 +90,7 @@ fi
 import json, os, subprocess, sys
 sys.path.insert(0, ".")
 from harness import sandbox
-from harness.runner import interpreter
+from harness.run.runner import interpreter
 code = ("import glob, json, os, torch; s = open('/proc/self/status').read(); "
         "x = torch.randn(4096, 4096, device='cuda'); y = (x @ x).sum().item(); "
         "print(json.dumps({'nodes': sorted(glob.glob('/dev/nvidia[0-9]*')), 'gpus': torch.cuda.device_count(), "

@@ -38,8 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import curves, edits, search  # noqa: E402
-from harness.runner import parse_summary  # noqa: E402
+from harness.judge import curves  # noqa: E402
+from harness.propose import edits, search
+from harness.run.runner import parse_summary  # noqa: E402
 
 TABLE = Path(__file__).resolve().parent / "lab_table.jsonl"
 PROFILE = "lab"
@@ -91,7 +92,7 @@ def provenance(cache=None):
 
 
 def probe(env=None):
-    """This machine's speed now: prepare.py --probe's seconds (harness.conditions), or None when it printed none."""
+    """This machine's speed now: prepare.py --probe's seconds (harness.run.conditions), or None when it printed none."""
     out = subprocess.run([sys.executable, "prepare.py", "--probe"], cwd=ROOT, env=env or os.environ,
                          capture_output=True, text=True).stdout
     return next((float(line.split()[1]) for line in out.splitlines() if line.startswith("probe_s:")), None)

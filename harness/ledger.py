@@ -63,7 +63,7 @@ def smoke_label(budget):
     return f"[budget {budget:g}s] "
 
 
-# A row measured on the tag's k-th hardware (k >= 2: `--new-hardware`, harness.hardware) is labelled after any smoke
+# A row measured on the tag's k-th hardware (k >= 2: `--new-hardware`, harness.run.hardware) is labelled after any smoke
 # label, e.g. "[hw2] baseline on new hardware": its number is not comparable with the rows before its epoch.
 HW_LABEL = re.compile(r"^(?:\[budget [^\]]*\]\s*)?\[hw(\d+)\]\s*")
 LABELS = re.compile(r"^(?:\[(?:budget [^\]]*|hw\d+)\]\s*)+")    # every label the harness writes, however many
@@ -557,7 +557,7 @@ def since_baseline(history):
 
 
 def hardware_events(all_events, tag):
-    """The tag's "hardware" events (harness.hardware fingerprints), in order; the last one is the current epoch."""
+    """The tag's "hardware" events (harness.run.hardware fingerprints), in order; the last one is the current epoch."""
     return schema.of(all_events, Event.HARDWARE, tag=tag)
 
 

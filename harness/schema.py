@@ -13,7 +13,7 @@ class Event:
     # an invocation of the loop
     CONFIG = "config"                   # the command's settings: proposer, model, metric, goal, devices, budget
     START = "start"                     # the loop starts or resumes on the tag's branch: best, the verdict's rule
-    HARDWARE = "hardware"               # the tag's hardware fingerprint and epoch (harness.hardware)
+    HARDWARE = "hardware"               # the tag's hardware fingerprint and epoch (harness.run.hardware)
     FROZEN_INPUTS = "frozen_inputs"     # the digest of the frozen files and data the tag's runs read
     STOP = "stop"                       # the loop ends: why, what it spent, how busy the devices were
     THROUGHPUT = "throughput"           # the devices' busy shares and experiments per hour so far

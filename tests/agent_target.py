@@ -17,7 +17,7 @@ SECRET = "sk-test-DO-NOT-LOG-1234567890"
 # one run per experiment and the strict ratchet (karpathy's): the tests that assert exact rows and counts use these
 STRICT = ["--baseline-runs", "1", "--confirm", "0"]   # the API key the tests put in the environment: never logged
 # The tiny target's TIME_BUDGET: its train.py takes a fraction of a second, so the budget is the room its wall-time
-# allowance (budget + 2 s, harness.conditions) leaves the tests' slow but honest runs (SLEEP up to 3 s)
+# allowance (budget + 2 s, harness.run.conditions) leaves the tests' slow but honest runs (SLEEP up to 3 s)
 BUDGET = 3
 
 PREPARE = '''"""FROZEN: test stand-in for prepare.py."""

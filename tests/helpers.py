@@ -53,7 +53,7 @@ def events(target, kind=None):
 
 
 def page_data(page):
-    """The data block of a dashboard page (harness/dashboard.py), as the page's script reads it."""
+    """The data block of a dashboard page (harness/record/dashboard.py), as the page's script reads it."""
     found = re.search(r'<script type="application/json" id="data">(.*?)</script>', Path(page).read_text(), re.S)
     return json.loads(found.group(1))
 
@@ -179,7 +179,7 @@ def in_ci():
 
 def require_bwrap():
     """Skip unless bubblewrap works here; fail instead in CI."""
-    from harness import sandbox
+    from harness.run import sandbox
     reason = sandbox.probe()
     if reason is not None:
         # CI installs bubblewrap: a skip there would hide a regression.
@@ -192,7 +192,7 @@ def opened_outside(argv, cwd, env, trace, allowed):
     """Run argv under strace (every open, all threads and children) and return (the set of files it opened, those of
     them outside `allowed`: paths, with the system's, the environment's and the private /tmp's added). Skips the
     test where strace is missing (fails in CI, which installs it)."""
-    from harness import sandbox
+    from harness.run import sandbox
     strace = shutil.which("strace")
     if strace is None:
         if in_ci():

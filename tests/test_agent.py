@@ -14,7 +14,7 @@ import git
 import pytest
 
 import agent
-from harness import sinks
+from harness.record import sinks
 from agent_target import SECRET, STRICT, edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
 from helpers import (LOWER_LR, RAISE_LR, SLOW, baseline_row, events, live_members, rows, run_agent, sha, start_agent,
@@ -311,7 +311,7 @@ class Tally(sinks.Sink):
 
 def test_a_sink_appended_in_a_test_sees_each_record_after_its_event_and_the_stop(target, monkeypatch):
     """The record seam: experiment.record writes the event (with the fields a sink's before() adds), then calls each
-    sink of harness.sinks.SINKS in order; the loop's stop calls on_stop. Nothing else changes: the rows are written."""
+    sink of harness.record.sinks.SINKS in order; the loop's stop calls on_stop. Nothing else changes: the rows are written."""
     tally = Tally()
     monkeypatch.setattr(sinks, "SINKS", [*sinks.SINKS, tally])
     assert run_agent(target, None, "anthropic", "--proposer", "random", "--max-experiments", "2") == 0

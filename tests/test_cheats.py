@@ -21,7 +21,7 @@ from agent_target import BUDGET, edit
 from llm_server import ScriptedLLM
 from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
-from harness import sandbox
+from harness.run import sandbox
 
 NO_FIX = ["I cannot fix this."] * 3           # a crash is sent back for a fix: these answers give up
 BUDGET_LINE = "print(f\"time_budget_s:    {os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}\")"

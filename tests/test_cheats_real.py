@@ -17,7 +17,7 @@ import pytest
 from agent_target import edit
 from llm_server import ScriptedLLM
 
-from harness import sandbox
+from harness.run import sandbox
 from helpers import REPO
 
 pytestmark = pytest.mark.slow      # every test trains a real model (GPT on the CPU profile, or the tiny Qwen2)

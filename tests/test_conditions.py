@@ -1,5 +1,5 @@
 """
-The conditions a run ran under (harness/conditions.py): the speed probe's parsing and arithmetic, the wall-time
+The conditions a run ran under (harness/run/conditions.py): the speed probe's parsing and arithmetic, the wall-time
 allowance it scales (and the slack it leaves a cheat at the real 300 s budget), and, in real loops on a stand-in whose
 result depends on how fast the machine is, a stale best re-measured under a candidate's conditions, an honest run on a
 machine made slower not rejected for wall time, and compute outside the budget held to the slack.
@@ -18,8 +18,9 @@ import git
 import pytest
 
 import agent
-from harness import conditions, experiment
-from harness.conditions import Allowance, Probe
+from harness.record import experiment
+from harness.run import conditions
+from harness.run.conditions import Allowance, Probe
 from agent_target import edit, make_target
 from llm_server import ScriptedLLM
 from helpers import REPO, events, rows

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import sandbox
-from harness.runner import interpreter
+from harness.run import sandbox
+from harness.run.runner import interpreter
 from helpers import REPO, require_bwrap
 
 SHARED = REPO.parent / "shared" / "data"

@@ -1,4 +1,4 @@
-"""Issue 23: learning curves read from train.py's progress lines, and the early-cancel rule (harness/curves.py), on
+"""Issue 23: learning curves read from train.py's progress lines, and the early-cancel rule (harness/judge/curves.py), on
 hand-made curves; the loop's cancellations on the tiny target with curves (CURVE_TRAIN)."""
 
 import contextlib
@@ -22,9 +22,11 @@ from llm_server import ScriptedLLM
 
 import agent
 import report
-from harness import curves, edits, runner
+from harness.judge import curves
+from harness.propose import edits
+from harness.run import runner
 from harness.ledger import Row
-from harness.settings import parse
+from harness.tag.settings import parse
 
 REAL_LINE = ("step 00412 ({p:.1f}%) | loss: {loss:.4f} | lrm: {lrm:.2f} | dt: 312ms | tok/s: 13,120 | mfu: 1.2% | "
              "epoch: 1 | left: 31s")

@@ -1,4 +1,4 @@
-"""The dashboard (harness/dashboard.py, `report.py --html`): a planted run in a real git repository, its page opened in
+"""The dashboard (harness/record/dashboard.py, `report.py --html`): a planted run in a real git repository, its page opened in
 a real headless browser (Debian's chromium; CI installs it), and the inputs the issue names as bad."""
 
 import json
@@ -11,7 +11,8 @@ import types
 import pytest
 
 import report
-from harness import curves, dashboard
+from harness.judge import curves
+from harness.record import dashboard
 from helpers import in_ci, page_data
 
 TAG = "dash"
@@ -228,7 +229,7 @@ def test_what_a_hostile_review_broke_now_renders(tmp_path):
     assert r"lr $\foo$ warmup" in data["rows"][1]["idea"]
     dom = browse(target / dashboard.PAGE, "#n=4", tmp_path)
     assert "#4 discard constructor" in dom and "no learning curve" in dom                  # not Object's constructor
-    from harness.edits import clean_description
+    from harness.propose.edits import clean_description
     assert clean_description("[budget 1s] [hw9][budget 2s] idea") == "idea" and clean_description("a [hw2]") == "a [hw2]"
     victim = tmp_path / "victim"
     victim.write_text("precious")

@@ -148,13 +148,17 @@ def anchors(doc):
 
 
 def test_each_map_of_harness_names_every_module():
-    """The README's layout, harness/__init__.py and docs/architecture.md each list every module of harness/."""
-    modules = sorted(p.stem for p in (REPO / "harness").glob("*.py") if p.stem != "__init__")
-    maps = {"README.md": r"^\s+{}\.py\s", "harness/__init__.py": r"^\s+{}\s", "docs/architecture.md": r"harness/{}\.py"}
+    """harness/__init__.py and docs/architecture.md each list every module of harness/ (in its subpackage); the
+    README's layout names each subpackage."""
+    paths = [p.relative_to(REPO).as_posix() for p in sorted((REPO / "harness").rglob("*.py")) if p.stem != "__init__"]
+    maps = {"harness/__init__.py": lambda path: rf"^\s+{Path(path).stem}\s", "docs/architecture.md": re.escape}
     for name, pattern in maps.items():
         text = (REPO / name).read_text()
-        missing = [m for m in modules if not re.search(pattern.format(m), text, re.M)]
+        missing = [path for path in paths if not re.search(pattern(path), text, re.M)]
         assert missing == [], f"{name} does not name {missing}"
+    packages = sorted(p.parent.name for p in (REPO / "harness").glob("*/__init__.py"))
+    assert len(packages) == 5 and [p for p in packages if not re.search(rf"^\s+{p}/\s", (REPO / "README.md").read_text(),
+                                                                         re.M)] == []
 
 
 def test_the_readme_is_short():

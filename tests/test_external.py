@@ -1,4 +1,4 @@
-"""`agent.py try` (harness/external.py): what its verdict block says of the rule, and which crashes --fix amends,
+"""`agent.py try` (harness/propose/external.py): what its verdict block says of the rule, and which crashes --fix amends,
 on the tiny target of tests/agent_target.py."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import agent
 from agent_target import STRICT
 from helpers import events
-from harness.verdict import Rule
+from harness.judge.verdict import Rule
 
 
 def try_(target, *extra):

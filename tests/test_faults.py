@@ -22,8 +22,10 @@ import pytest
 import agent
 import report
 from agent_target import STRICT, edit
-from harness import console, gitops, ledger, redact, runner, sandbox, session
-from harness.edits import clean_description
+from harness import console, gitops, ledger, redact
+from harness.run import runner, sandbox
+from harness.tag import session
+from harness.propose.edits import clean_description
 from llm_server import ScriptedLLM
 from helpers import (AGENT, REPO, LOWER_LR, RAISE_LR, SLOW, baseline_row, events, rows, run_agent, sha, start_agent,
                      tree_is_clean, wait_for_run)
@@ -47,7 +49,7 @@ def test_control_characters_never_reach_git_results_or_the_terminal(target, caps
 def test_descriptions_are_cut_at_a_word_boundary_and_the_reason_is_kept_whole():
     """A 200-character row: the idea cut between words with "...", its reason in parentheses whole (cut mid-word and
     mid-parenthesis before); a reason so long it would leave under 60 characters is cut too, its parenthesis closed."""
-    from harness.edits import shorten, with_reason
+    from harness.propose.edits import shorten, with_reason
     idea = "halve the learning rate of the embedding (with a longer warmup) " * 5
     reason = "rejected: train.py ran 83.1s, more than the budget plus the start-up and evaluation allowance (80.0s)"
     row = with_reason(clean_description(idea), reason)
@@ -829,7 +831,7 @@ def test_an_interrupt_that_breaks_git_or_comes_twice_ends_in_the_interrupts_word
     from one raises BrokenPipeError before any KeyboardInterrupt reaches main (a library swallowed it), that is still
     the interrupt. A second Ctrl-C during the clean-up cuts it short. Either way: exit 130 and the interrupt's words,
     never a traceback, and the next start resumes."""
-    from harness import dashboard, experiment
+    from harness.record import dashboard, experiment
     real_commit, real_refresh, calls = experiment.commit, dashboard.refresh, []
 
     def commit(s, n, *rest, **kw):

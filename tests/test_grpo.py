@@ -868,8 +868,8 @@ def test_readme_offline_recipe_runs_as_written(tmp_path, monkeypatch, capsys):
     """Every line in order, in this process: `uv run X.py args` calls X's main(args), with /tmp moved under
     tmp_path. The two preflights are the real gate (random model on GSM8K: refused; tiny model on its sums:
     passes). agent.py's loop needs a git checkout and minutes, so its line is checked by agent.py's own parser
-    (harness.settings.parse)."""
-    from harness import settings
+    (harness.tag.settings.parse)."""
+    from harness.tag import settings
 
     monkeypatch.chdir(REPO)
     ran = []

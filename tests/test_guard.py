@@ -1,9 +1,9 @@
-"""The guard (harness/guard.py) on a real repository: what a run outside the sandbox changed is restored and named,
+"""The guard (harness/run/guard.py) on a real repository: what a run outside the sandbox changed is restored and named,
 what it held is saved, and the checks of two runs in flight at once never undo each other."""
 
 import git
 
-from harness import guard
+from harness.run import guard
 
 
 def repo_with_results(tmp_path):

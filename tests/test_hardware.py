@@ -1,5 +1,5 @@
 """
-Tests for the comparability fingerprint (harness/hardware.py): what it measures on this machine, the differences in
+Tests for the comparability fingerprint (harness/run/hardware.py): what it measures on this machine, the differences in
 words, and a tag resumed on "other hardware" (its recorded fingerprint edited in events.jsonl): refused with the
 differences named, or, with --new-hardware, a new baseline measured there and every later row marked [hw2]; report.py
 keeps the epochs apart; `try` the same; a tag from before fingerprints resumes. On the tiny target of
@@ -19,8 +19,8 @@ import report
 from agent_target import STRICT
 from helpers import LOWER_LR, RAISE_LR, events, page_data, rows, run_agent, sha
 from llm_server import ScriptedLLM
-from harness import hardware
-from harness.settings import THREADS
+from harness.run import hardware
+from harness.tag.settings import THREADS
 
 
 def test_measure_on_this_machine():

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from agent_target import edit
-from harness import experiment
-from harness.edits import EditError, apply_answer
+from harness.record import experiment
+from harness.propose.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
-from harness.perturb import grid, moves, numeric_constants
-from harness.providers import price
-from harness.runner import Kind, Outcome, parse_summary, read_metric
-from harness.target import default_timeout, effective_budget, own_budget, read_frozen_constants
+from harness.propose.perturb import grid, moves, numeric_constants
+from harness.propose.providers import price
+from harness.run.runner import Kind, Outcome, parse_summary, read_metric
+from harness.run.target import default_timeout, effective_budget, own_budget, read_frozen_constants
 
 
 
@@ -41,13 +41,13 @@ OLD_BLOCKS = r"^<{7} SEARCH[ \t]*\n(.*?)^={7}[ \t]*\n(.*?)^>{7} REPLACE[ \t]*$" 
 ])
 def test_blocks_split_as_the_regex_did(answer):
     import re
-    from harness.edits import split_blocks
+    from harness.propose.edits import split_blocks
     assert split_blocks(answer) == re.findall(OLD_BLOCKS, answer, re.S | re.M)
 
 
 def test_a_huge_answer_is_refused_in_linear_time():
     """~1 MB of SEARCH lines (what froze the loop for minutes under the regex): refused at once, with the fix."""
-    from harness.edits import split_blocks
+    from harness.propose.edits import split_blocks
     for answer in ("DESCRIPTION: x\n" + "<<<<<<< SEARCH\n" * 70_000, "DESCRIPTION: x\n" + "\n" * 1_000_000 +
                    "<<<<<<< SEARCH\nA = 1\n=======\nA = 2\n" + "=======\n" * 100_000):
         with pytest.raises(EditError, match="a block is malformed: every <<<<<<< SEARCH line needs a ======= line"):
@@ -65,8 +65,8 @@ def test_a_huge_answer_is_refused_in_linear_time():
 
 
 def test_invisible_characters_around_the_description_are_removed_and_an_empty_one_refused():
-    from harness.edits import EMPTY_DESCRIPTION
-    from harness.ideas import split_ideas
+    from harness.propose.edits import EMPTY_DESCRIPTION
+    from harness.propose.ideas import split_ideas
     body = edit("", "A = 1", "A = 2").split("\n", 1)[1]
     for head in ("\ufeffDESCRIPTION: raise A", "\u200bDESCRIPTION: raise A", "DESC\u200dRIPTION: raise\u200b A",
                  " \u2066DESCRIPTION:\u2069 raise A\u00ad"):
@@ -220,7 +220,7 @@ def test_an_artifact_folder_must_hold_regular_files_only(tmp_path):
     """GRPO's artifact is a folder of weights: a link, a second name of a file or a pipe anywhere in it is named;
     lstat only, nothing followed."""
     import os
-    from harness.runner import artifact_problem
+    from harness.run.runner import artifact_problem
     good = tmp_path / "good"
     (good / "sub").mkdir(parents=True)
     (good / "model.safetensors").write_bytes(b"w")

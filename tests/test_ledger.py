@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from harness import curves, ledger, runner, tagview
+from harness import ledger
+from harness.judge import curves
+from harness.run import runner
+from harness.tag import tagview
 
 
 def experiment(tag, n, commit, metric, status="keep", description="idea", **extra):
@@ -162,7 +165,7 @@ def test_run_key_pairs_a_run_with_its_end():
 def test_pruning_keeps_the_baseline_the_best_and_what_is_not_recorded_yet(tmp_path):
     """Recording #1 with #2 finished first on another device (recorded = 2): #2's artifact stays, it may be kept
     next; #1's goes (neither baseline nor best); the baseline's and the best's (#3 here) stay."""
-    from harness import holdout
+    from harness.judge import holdout
     for n in range(5):
         made = tmp_path / f"run{n}" / "model.pt2"
         made.parent.mkdir()

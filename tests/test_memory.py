@@ -1,5 +1,5 @@
-"""The search's memory (harness/memory.py), the gate and the outer loop (harness/outer.py) and search mechanisms
-(harness/mechanisms.py), through agent.py's loop with a scripted LLM that behaves like the Bilevel paper's plain
+"""The search's memory (harness/propose/memory.py), the gate and the outer loop (harness/propose/outer.py) and search mechanisms
+(harness/propose/mechanisms.py), through agent.py's loop with a scripted LLM that behaves like the Bilevel paper's plain
 loop: it proposes the same two changes over and over, and follows the prompt only when its favourite is refused."""
 
 import json
@@ -12,9 +12,9 @@ import pytest
 import agent
 from agent_target import STRICT, edit, make_noisy_target
 from helpers import events, require_bwrap, rows
-from harness import memory
-from harness.memory import Change, change_of, families_of, value_of
-from harness.verdict import Rule
+from harness.propose import memory
+from harness.propose.memory import Change, change_of, families_of, value_of
+from harness.judge.verdict import Rule
 from llm_server import ScriptedLLM
 
 

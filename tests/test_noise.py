@@ -4,7 +4,7 @@ seeded by AUTORESEARCH_SEED, and whose constants change nothing (tests/agent_tar
 baseline runs measure the noise floor; a no-op is (almost) never kept with confirmation, often without; a real gain of
 3 sd is kept by the margin rule, one of half an sd by the paired rule, which keeps more of the small gains at the
 same false-keep rate. The statistics over hundreds of experiments are the rules' arithmetic on the stand-in's draws:
-they are simulated in-process with the same draws (agent_target.noisy_metric) and the real harness.verdict.judge
+they are simulated in-process with the same draws (agent_target.noisy_metric) and the real harness.judge.verdict.judge
 and judge_paired, and short real loops check that the loop's runs, seeds and verdicts are exactly the simulated
 ones.
 """
@@ -18,10 +18,12 @@ import pytest
 
 import agent
 import report
-from harness import prompts, session, verdict
-from harness.experiment import seed_of
-from harness.runner import Outcome
-from harness.verdict import Rule, judge, judge_paired, pooled_of
+from harness.judge import verdict
+from harness.propose import prompts
+from harness.tag import session
+from harness.record.experiment import seed_of
+from harness.run.runner import Outcome
+from harness.judge.verdict import Rule, judge, judge_paired, pooled_of
 from agent_target import NOISE_SD, STRICT, edit, make_noisy_target, noisy_metric
 from llm_server import ScriptedLLM
 from helpers import events, rows
@@ -380,7 +382,7 @@ def test_an_adopted_commit_is_measured_anew_not_credited_to_the_next_candidate(t
 
 
 class Sign(verdict.VerdictRule):
-    """A verdict rule of this test's own (registered in harness.verdict.RULES only here): runs at the best's seeds,
+    """A verdict rule of this test's own (registered in harness.judge.verdict.RULES only here): runs at the best's seeds,
     kept when every one of its 1 + confirm runs beats the best's run at the same seed; the first that does not ends it."""
     name, pairs_seeds = "sign", True
 

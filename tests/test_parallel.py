@@ -26,8 +26,9 @@ from agent_target import STRICT, edit, make_target
 from llm_server import ScriptedLLM
 from helpers import AGENT, events, live_members, rows, tree_is_clean
 
-from harness import cluster, node, pool, sandbox, settings
-from harness.runner import Kind, timeout_s
+from harness.run import cluster, node, pool, sandbox
+from harness.tag import settings
+from harness.run.runner import Kind, timeout_s
 
 LR_UP = edit("LR 0.045", "LR = 0.04", "LR = 0.045")             # 1.058000: keep
 LR_OTHER = edit("LR 0.06", "LR = 0.04", "LR = 0.06")            # written for the baseline; gone after LR_UP
@@ -231,7 +232,7 @@ NODE_SLACK_S = 60      # the node's own work (data check, export of the result) 
 
 
 class SubprocessBackend:
-    """Each run a child process on this machine, `python -m harness.node PAYLOAD RESULT`, the payload and the result
+    """Each run a child process on this machine, `python -m harness.run.node PAYLOAD RESULT`, the payload and the result
     through files: what a backend that starts a process (a Kubernetes job, a SkyPilot task) does, in 20 lines."""
 
     def __init__(self, context, pids):
@@ -242,7 +243,7 @@ class SubprocessBackend:
         with tempfile.TemporaryDirectory() as wire:
             sent, back = Path(wire) / "payload", Path(wire) / "result"
             sent.write_bytes(pickle.dumps(node.payload(spec, self.context)))
-            proc = subprocess.Popen([sys.executable, "-m", "harness.node", str(sent), str(back)],
+            proc = subprocess.Popen([sys.executable, "-m", "harness.run.node", str(sent), str(back)],
                                     cwd=Path(__file__).resolve().parents[1])
             self.pids.append(proc.pid)
             t0 = time.monotonic()
@@ -289,20 +290,20 @@ def test_the_node_never_reads_an_artifact_swapped_for_a_link_or_a_fifo(target, m
 
 def test_the_node_command_refuses_bad_arguments_and_an_unreadable_payload(tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    node_cmd = [sys.executable, "-m", "harness.node"]
+    node_cmd = [sys.executable, "-m", "harness.run.node"]
     usage = subprocess.run(node_cmd, cwd=repo, capture_output=True, text=True)
-    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m harness.node PAYLOAD RESULT")
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: python -m harness.run.node PAYLOAD RESULT")
     (tmp_path / "cut").write_bytes(pickle.dumps({"files": {}})[:5])
     for bad in (tmp_path / "absent", tmp_path / "cut"):
         found = subprocess.run([*node_cmd, str(bad), str(tmp_path / "result")], cwd=repo, capture_output=True, text=True)
         assert found.returncode == 2 and "Traceback" not in found.stderr, found.stderr
-        assert found.stderr.startswith(f"harness.node: cannot read the payload {bad} (")
+        assert found.stderr.startswith(f"harness.run.node: cannot read the payload {bad} (")
         assert not (tmp_path / "result").exists()
 
 
 def test_a_backend_of_the_tests_own_runs_real_runs_through_the_shared_node_body(target, monkeypatch):
     """One slot of the subprocess backend stands in for a cluster (cluster.connect replaced): every run is a child
-    process running harness.node's body (in bubblewrap where it works, with the separate evaluation), and the loop
+    process running harness.run.node's body (in bubblewrap where it works, with the separate evaluation), and the loop
     records the tiny target's exact metrics, a "remote" event per run, the runs' logs and the kept artifacts, as on
     Ray."""
     pids = []

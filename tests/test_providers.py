@@ -1,5 +1,5 @@
 """
-Tests of the LLM provider protocol (harness/providers.py) with a third provider registered only here: its own SDK
+Tests of the LLM provider protocol (harness/propose/providers.py) with a third provider registered only here: its own SDK
 error classes are classified by the provider itself, so its 429 is retried and its 401 stops with the fix, never a
 traceback; the registry drives key detection and make_proposer. The Anthropic and OpenAI providers run against the
 loopback server in tests/test_agent.py and tests/test_faults.py.
@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from harness import providers
+from harness.propose import providers
 from harness.errors import SetupError, Stop
-from harness.proposers import make_proposer
-from harness.providers import Failure, Provider, Reply, call_with_retries
+from harness.propose.proposers import make_proposer
+from harness.propose.providers import Failure, Provider, Reply, call_with_retries
 from llm_server import ScriptedLLM
 
 

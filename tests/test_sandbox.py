@@ -1,4 +1,4 @@
-"""Tests of harness/sandbox.py: real bubblewrap runs of a real Python, no mocks."""
+"""Tests of harness/run/sandbox.py: real bubblewrap runs of a real Python, no mocks."""
 
 import os
 import signal
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import sandbox  # noqa: E402
-from harness.runner import interpreter  # noqa: E402
+from harness.run import sandbox  # noqa: E402
+from harness.run.runner import interpreter  # noqa: E402
 from helpers import require_bwrap  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """
-The numeric search (harness/search.py, harness/hybrid.py): the space read from train.py and program.md, the Optuna
+The numeric search (harness/propose/search.py, harness/propose/hybrid.py): the space read from train.py and program.md, the Optuna
 study kept equal to events.jsonl (kill -9, resume, `try`, a missing, torn or hand-edited study), the samplers in the
 loop, and the hybrid's dialogue with the loopback LLM.
 """
@@ -18,10 +18,10 @@ from helpers import AGENT, REPO, events, rows, run_agent, wait_for_run
 from llm_server import ScriptedLLM
 
 import agent
-from harness import search
-from harness.edits import apply_answer
+from harness.propose import search
+from harness.propose.edits import apply_answer
 from harness.errors import SetupError
-from harness.runner import Kind
+from harness.run.runner import Kind
 
 TRAIN = (REPO / "train.py").read_text()
 

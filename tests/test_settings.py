@@ -1,9 +1,9 @@
-"""harness/settings.py: argv -> Settings. Every numeric flag of the loop and `try` is a finite number in range, or
+"""harness/tag/settings.py: argv -> Settings. Every numeric flag of the loop and `try` is a finite number in range, or
 exits 2 with argparse's message naming the flag and the range (nothing else happens: no branch, no file)."""
 
 import pytest
 
-from harness.settings import parse
+from harness.tag.settings import parse
 
 LOOP = ["--tag", "t", "--proposer", "random"]
 TRY = ["try", "--tag", "t", "--baseline"]

@@ -12,7 +12,8 @@ from harness import ledger, schema
 from harness.schema import NAMES, Event
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = [REPO / "agent.py", REPO / "report.py", *sorted((REPO / "harness").glob("*.py")),
+PACKAGES = {"tag", "run", "judge", "propose", "record"}     # harness/'s subpackages, one per phase
+SOURCES = [REPO / "agent.py", REPO / "report.py", *sorted((REPO / "harness").rglob("*.py")),
            *sorted((REPO / "bench").glob("*.py")), *sorted((REPO / "grpo").glob("*.py"))]
 WRITERS = {"log", "event", "log_event"}         # session.log(name), Watch.event(name), ledger.log_event(path, tag, name)
 
@@ -101,23 +102,32 @@ def harness_imports():
     import counts)."""
     scripts = {"agent", "report", "prepare", "train"}
     graph = {}
-    for path in sorted((REPO / "harness").glob("*.py")):
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        if path.stem == "__init__":
+            continue
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module == "harness":
-                    found |= {a.name for a in node.names}
-                elif node.module.startswith("harness."):
-                    found.add(node.module.split(".")[1])
-                elif node.module.split(".")[0] in scripts:
-                    found.add(node.module.split(".")[0] + ".py")
+                parts = node.module.split(".")
+                if parts[0] == "harness" and (len(parts) == 1 or parts[1] in PACKAGES) and len(parts) <= 2:
+                    found |= {a.name for a in node.names}           # from harness(.run) import runner, ...
+                elif parts[0] == "harness":
+                    found.add(parts[-1])                            # from harness.run.runner import Kind
+                elif parts[0] in scripts:
+                    found.add(parts[0] + ".py")
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     top = a.name.split(".")
-                    found.add(top[1] if top[0] == "harness" and len(top) > 1 else
+                    found.add(top[-1] if top[0] == "harness" and len(top) > 1 else
                               top[0] + ".py" if top[0] in scripts else "")
-        graph[path.stem] = found - {"", path.stem}
+        graph[path.stem] = found - {"", path.stem, *PACKAGES}
     return graph
+
+
+def package_of():
+    """{module: its subpackage of harness/ ("" for the records every phase shares at harness/'s top)}."""
+    return {path.stem: "" if path.parent.name == "harness" else path.parent.name
+            for path in (REPO / "harness").rglob("*.py") if path.stem != "__init__"}
 
 
 def test_harness_imports_no_script_and_has_no_import_circle():
@@ -141,11 +151,22 @@ def test_harness_imports_no_script_and_has_no_import_circle():
     assert circles == []
 
 
+def test_the_run_and_judging_packages_import_nothing_of_the_tag_proposing_or_recording():
+    """A run and a verdict stand on the shared records alone: harness/run and harness/judge import nothing of
+    harness/tag, harness/propose or harness/record (lazy imports included), so a backend or a rule can be read,
+    tested and shipped to a node without the loop's state."""
+    graph, where = harness_imports(), package_of()
+    assert set(where.values()) == PACKAGES | {""} and where["runner"] == "run" and where["ledger"] == ""
+    upward = {m: sorted(d for d in deps if where.get(d) in {"tag", "propose", "record"})
+              for m, deps in graph.items() if where[m] in {"run", "judge"}}
+    assert {m: d for m, d in upward.items() if d} == {}
+
+
 def test_every_command_has_one_parser_and_one_entry_in_the_table():
     """agent.py's commands are one table (agent.COMMANDS: what runs on the opened tag) and their parsers another
     (settings.SUBCOMMANDS; the loop's is parse_args): each parsed command names an entry."""
     import agent
-    from harness import settings
+    from harness.tag import settings
     assert set(agent.COMMANDS) == {"loop", *settings.SUBCOMMANDS}
     assert settings.parse(["--tag", "t", "--proposer", "random"]).command == "loop"
     for name in settings.SUBCOMMANDS:

@@ -1,4 +1,4 @@
-"""The target contract as the harness reads it (harness/target.py), against both shipped targets' own readers."""
+"""The target contract as the harness reads it (harness/run/target.py), against both shipped targets' own readers."""
 
 import importlib.util
 
@@ -6,7 +6,7 @@ import pytest
 
 import prepare
 from harness.errors import SetupError
-from harness.target import effective_budget
+from harness.run.target import effective_budget
 
 from helpers import REPO
 

@@ -1,4 +1,4 @@
-"""MLflow tracking (harness/tracking.py, agent.py --mlflow): the loop on the tiny curve target mirrors each experiment
+"""MLflow tracking (harness/record/tracking.py, agent.py --mlflow): the loop on the tiny curve target mirrors each experiment
 into one MLflow run of the SQLite store, read back with MlflowClient; a store MLflow cannot write, and mlflow missing,
 are one warning line and every experiment is still recorded; a bad URI exits 2."""
 
@@ -179,7 +179,7 @@ def test_a_bad_uri_exits_2(target, capsys, uri):
 
 def test_no_flag_no_import():
     """Without --mlflow the harness never imports mlflow (the loop pays nothing for it)."""
-    code = "import agent, harness.experiment, harness.settings, sys; print('mlflow' in sys.modules)"
+    code = "import agent, harness.record.experiment, harness.tag.settings, sys; print('mlflow' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=AGENT.parent)
     assert done.stdout.strip() == "False", done.stderr
@@ -188,7 +188,8 @@ def test_no_flag_no_import():
 def test_the_store_is_no_stray_file_for_the_guard(target):
     """The guard's check around an unsandboxed run does not blame the store MLflow writes meanwhile (another
     experiment recorded while this one trains), and git sees no untracked file."""
-    from harness import gitops, guard
+    from harness import gitops
+    from harness.run import guard
     repo = git.Repo(target)
     gitops.ensure_ignored(repo, [target / "mlflow.db", target / "mlartifacts"])
     snap = guard.take(repo, [target / "results.tsv", target / "events.jsonl"])
@@ -200,7 +201,7 @@ def test_the_store_is_no_stray_file_for_the_guard(target):
 
 
 def test_the_params_are_the_constants_an_edit_changed():
-    from harness.memory import constants_changed
+    from harness.propose.memory import constants_changed
     before = "LR = 0.04\nDEPTH = 8\nNAME = 'a'\nif PROFILE == 'cpu':\n    BATCH = 2**14\ndef f():\n    X = 1\n"
     after = before.replace("0.04", "4e-2").replace("8", "10").replace("'a'", "'b'").replace("2**14", "2**13")
     assert constants_changed(before, after.replace("X = 1", "X = 2")) == {

@@ -15,7 +15,7 @@ import pytest
 import agent
 import report
 from agent_target import SECRET, STRICT, edit
-from harness.conditions import Allowance
+from harness.run.conditions import Allowance
 from llm_server import ScriptedLLM
 from helpers import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
 

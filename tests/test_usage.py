@@ -1,5 +1,5 @@
 """
-The memory the harness records is measured by the harness (harness/usage.py), never what train.py prints: real
+The memory the harness records is measured by the harness (harness/run/usage.py), never what train.py prints: real
 processes run through runner.run (the legacy path, evaluation=None, and the separate evaluation), their resident
 memory read from /proc and the kernel's rusage; NVML where there is a driver, quietly absent where there is none.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import runner, usage
+from harness.run import runner, usage
 
 HOLD = """
 import time

@@ -1,13 +1,13 @@
-"""Unit tests of harness/verdict.py, the verdict rule, with hand-computed numbers (binary fractions: exact in floats).
+"""Unit tests of harness/judge/verdict.py, the verdict rule, with hand-computed numbers (binary fractions: exact in floats).
 The loop's wiring of the rule is tested against real runs in test_noise.py and test_agent.py."""
 
 import copy
 
 import pytest
 
-from harness import verdict
-from harness.runner import Kind, Outcome
-from harness.verdict import Rule, judge, judge_paired
+from harness.judge import verdict
+from harness.run.runner import Kind, Outcome
+from harness.judge.verdict import Rule, judge, judge_paired
 
 
 def run(metric, tps=None, reason="", kind=Kind.OK):
