@@ -35,7 +35,7 @@ from pathlib import Path
 
 from harness import console, ledger
 from harness.propose import hybrid, ideas, search
-from harness.record import experiment
+from harness.record import baseline, experiment
 from harness.run import cluster
 from harness.tag import checks
 from harness.errors import Interrupts, SetupError, Stop, from_interrupt
@@ -45,8 +45,9 @@ from harness.run.pool import Local, Pool, acquired
 from harness.propose.proposers import make_proposer
 from harness.propose.providers import Spend
 from harness.propose.prompts import SYSTEM_PROMPT, goal_word
-from harness.run.runner import become_subreaper
-from harness.tag.session import RUN_LOG, interrupt_words, open_session
+from harness.run.processes import become_subreaper
+from harness.tag.opening import open_session
+from harness.tag.session import RUN_LOG, interrupt_words, status
 from harness.tag.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, THREADS, parse  # noqa: F401  (the loop's rules, stated there)
 from harness.run.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 from harness.schema import Event
@@ -169,8 +170,8 @@ def run_baseline(s, loop):
     with different seeds, on every device at once as the candidates will run: their mean is the first best, their
     standard deviation the noise floor (on new hardware, --new-hardware: the best's train.py, as the next experiment).
     The first ideas (one per device) are asked for while it trains."""
-    t0, spend0, k, (n, sha) = time.monotonic(), s.spend, s.settings.baseline_runs, experiment.baseline_commit(s)
-    s.status(n, f"baseline: {k} run(s)")
+    t0, spend0, k, (n, sha) = time.monotonic(), s.spend, s.settings.baseline_runs, baseline.baseline_commit(s)
+    status(s, n, f"baseline: {k} run(s)")
     outcomes, waiting, pool = [None] * k, list(range(k)), loop.pool
     while waiting or pool.running:
         while waiting and pool.free:
@@ -179,7 +180,7 @@ def run_baseline(s, loop):
             propose(s, loop, min(len(pool.devices), allowed(s, loop)))
         for run, outcome in pool.done():
             outcomes[run] = outcome
-    experiment.record_baseline(s, outcomes, t0, spend0)
+    baseline.record_baseline(s, outcomes, t0, spend0)
 
 
 def stop_reason(s, loop):
@@ -233,7 +234,7 @@ def research_main(s, proposer, constants):
     console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
     if s.evaluation is not None and len(s.history) > 1 and not a.no_holdout:   # the gain on unseen data
-        console.say(experiment.holdout_line(s))
+        console.say(baseline.holdout_line(s))
     return 0
 
 

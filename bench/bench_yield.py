@@ -8,7 +8,7 @@ Research yield: how much real improvement each search and verdict finds per devi
 
 The replay runs simulated campaigns against bench/lab_table.jsonl (the lab profile's recorded runs) with the
 harness's own code for everything that decides: the Optuna samplers of --proposer tpe/cmaes/random
-(search.sampler_for, the points written into train.py by search.write_point), the grid's and karpathy's perturbations
+(search.sampler_for, the points written into train.py by searchspace.write_point), the grid's and karpathy's perturbations
 (perturb.grid), the paired and the strict verdicts (verdict.judge_paired, verdict.judge with a verdict.Rule) and early
 cancel (curves.decide, curves.exempt). Only the runs are simulated:
 
@@ -48,8 +48,8 @@ sys.path.insert(0, str(BENCH))
 import lab_table  # noqa: E402
 from lab_table import ROOT, SPACE, TableError, key  # noqa: E402
 
-from harness.judge import curves, verdict  # noqa: E402
-from harness.propose import edits, perturb, search
+from harness.judge import curves, stats, verdict  # noqa: E402
+from harness.propose import edits, perturb, search, searchspace
 from harness.run.runner import Kind, Outcome  # noqa: E402
 
 PROFILE = "lab"
@@ -70,17 +70,17 @@ class OutsideTable(ValueError):
 
 
 def replay_space():
-    """{name: search.Param} over the table's range of each constant (lab_table.SPACE): rates log-uniform, the batch a
+    """{name: searchspace.Param} over the table's range of each constant (lab_table.SPACE): rates log-uniform, the batch a
     power of two, the depth an int, the decay and warmdown shares linear; what the samplers search in the replay."""
     space = {}
     for name, values in SPACE.items():
         lo, hi = min(values), max(values)
         if "BATCH" in name:
-            space[name] = search.Param(name, "pow2", lo.bit_length() - 1, hi.bit_length() - 1)
+            space[name] = searchspace.Param(name, "pow2", lo.bit_length() - 1, hi.bit_length() - 1)
         elif isinstance(values[0], int):
-            space[name] = search.Param(name, "int", lo, hi)
+            space[name] = searchspace.Param(name, "int", lo, hi)
         else:
-            space[name] = search.Param(name, "float", lo, hi, log=name.endswith("_LR"))
+            space[name] = searchspace.Param(name, "float", lo, hi, log=name.endswith("_LR"))
     return space
 
 
@@ -90,7 +90,7 @@ SEARCH_SPACE = replay_space()
 def space_section():
     """program.md's `## Search space` (docs/search.md) of the replay's space: a live campaign searches what the
     replay's campaigns search."""
-    return "\n".join([search.SPACE_HEADING, *(f"- {p.words()}" for p in SEARCH_SPACE.values())]) + "\n"
+    return "\n".join([searchspace.SPACE_HEADING, *(f"- {p.words()}" for p in SEARCH_SPACE.values())]) + "\n"
 
 
 def scaled(name, value):
@@ -243,19 +243,19 @@ _SOURCES = {}
 
 
 def source_of(point):
-    """train.py with point's values written as the harness writes a sampler's point (search.write_point)."""
+    """train.py with point's values written as the harness writes a sampler's point (searchspace.write_point)."""
     k = tuple(sorted(point.items()))
     if k not in _SOURCES:
         base = (ROOT / "train.py").read_text()
-        answer, _ = search.write_point(base, PROFILE, SEARCH_SPACE,
+        answer, _ = searchspace.write_point(base, PROFILE, SEARCH_SPACE,
                                        {n: SEARCH_SPACE[n].internal(v) for n, v in point.items()}, "replay")
         _SOURCES[k] = base if "no change" in answer.splitlines()[0] else edits.apply_answer(answer, base)[1]
     return _SOURCES[k]
 
 
 def written(point):
-    """The point as train.py then holds it (floats at search.LITERAL_DIGITS significant digits)."""
-    consts = search.constants(source_of(point), PROFILE)
+    """The point as train.py then holds it (floats at searchspace.LITERAL_DIGITS significant digits)."""
+    consts = searchspace.constants(source_of(point), PROFILE)
     return {n: consts[n].value for n in SPACE}
 
 
@@ -264,7 +264,7 @@ def step_of(point, n, attempt, names=tuple(SPACE)):
     source = source_of(point)
     answer = perturb.grid(source, n, PROFILE, attempt, names=set(names))
     new = edits.apply_answer(answer, source)[1]
-    consts = search.constants(new, PROFILE)
+    consts = searchspace.constants(new, PROFILE)
     moved = {name: consts[name].value for name in SPACE}
     for name, v in moved.items():
         if not min(SPACE[name]) <= v <= max(SPACE[name]):
@@ -409,7 +409,7 @@ def ci(values):
     if len(values) < 2:
         return m, float("nan")
     df = len(values) - 1
-    t = verdict.t_quantile(0.975, df) if df < 30 else Z95
+    t = stats.t_quantile(0.975, df) if df < 30 else Z95
     return m, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
@@ -498,7 +498,7 @@ def remeasure(repo, tag, seeds, cache=None):
     best_src = subprocess.run(["git", "-C", str(repo), "show", f"{branch}:train.py"], capture_output=True, text=True,
                               check=True).stdout
     base_src = (ROOT / "train.py").read_text()
-    consts = search.constants(best_src, PROFILE)
+    consts = searchspace.constants(best_src, PROFILE)
     point = {n: consts[n].value for n in SPACE}
     header, rows, _ = lab_table.read_table()
     fit = Surrogate(full_rows(rows, header["provenance"]["budget"]))

@@ -11,7 +11,7 @@ properties from it (seed sd, a slower machine, single-constant edits).
 Designs (in this order by default): base (train.py's lab values), slow (the base point at 80 % of the budget: what a
 20 % slower machine trains, the schedule being a share of the budget), moves (each constant set to each of its other
 values alone), random (points drawn from the grid, seeded). A run is plain `python train.py` in a copy of the
-repository's prepare.py and train.py with the point's values written by the harness's own search.write_point;
+repository's prepare.py and train.py with the point's values written by the harness's own searchspace.write_point;
 train.py's own val_bpb is recorded (an honest train.py: it agrees with the separate evaluator within
 METRIC_TOLERANCE; bench/bench_hermetic.py measures that). Run it on a quiet machine: the budget is wall time.
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.judge import curves  # noqa: E402
-from harness.propose import edits, search
+from harness.propose import edits, searchspace
 from harness.run.runner import parse_summary  # noqa: E402
 
 TABLE = Path(__file__).resolve().parent / "lab_table.jsonl"
@@ -159,10 +159,10 @@ def design(name, seeds, draws=40, rng_seed=0):
 
 
 def source_at(point):
-    """train.py with the point's values written (the harness's search.write_point and edits.apply_answer)."""
+    """train.py with the point's values written (the harness's searchspace.write_point and edits.apply_answer)."""
     source = (ROOT / "train.py").read_text()
-    space = {k: search.Param(k, "choice", choices=tuple(values)) for k, values in SPACE.items()}
-    answer, _ = search.write_point(source, PROFILE, space, point, "lab table")
+    space = {k: searchspace.Param(k, "choice", choices=tuple(values)) for k, values in SPACE.items()}
+    answer, _ = searchspace.write_point(source, PROFILE, space, point, "lab table")
     if "no change" in answer.splitlines()[0]:
         return source
     return edits.apply_answer(answer, source)[1]

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 import git
 from gitdb import IStream
 
-from harness import ledger
+from harness import files
 from harness.errors import SetupError, Stop, os_words
 
 
@@ -62,14 +62,14 @@ def global_config(repo):
     guard checks it after every run."""
     path = git_dir(repo).resolve() / "autoresearch" / "global.gitconfig"
     if path not in _global_copies:
-        problem = ledger.folder_problem(path.parent)       # a link there would take the copy (and every tag's files)
+        problem = files.folder_problem(path.parent)       # a link there would take the copy (and every tag's files)
         if problem:
-            raise SetupError(ledger.record_refusal(path.parent, problem))
+            raise SetupError(files.record_refusal(path.parent, problem))
         named = os.environ.get("GIT_CONFIG_GLOBAL")
         sources = [Path(named)] if named else user_configs()[:2]
         text = "".join(p.read_text(errors="replace") + "\n" for p in sources if p.is_file())
         path.parent.mkdir(parents=True, exist_ok=True)
-        ledger.write_atomic(path, text)
+        files.write_atomic(path, text)
         _global_copies[path] = text
     return path
 

@@ -192,7 +192,7 @@ def opened_outside(argv, cwd, env, trace, allowed):
     """Run argv under strace (every open, all threads and children) and return (the set of files it opened, those of
     them outside `allowed`: paths, with the system's, the environment's and the private /tmp's added). Skips the
     test where strace is missing (fails in CI, which installs it)."""
-    from harness.run import sandbox
+    from harness.run import view
     strace = shutil.which("strace")
     if strace is None:
         if in_ci():
@@ -203,7 +203,7 @@ def opened_outside(argv, cwd, env, trace, allowed):
     assert out.returncode == 0, out.stderr[-3000:]
     opened = {Path(m.group(1)).resolve() for m in
               re.finditer(r'open(?:at2?)?\((?:AT_FDCWD, |\d+, )?"([^"]+)".*\) = \d+', Path(trace).read_text())}
-    roots = [p.resolve() for p, _ in sandbox.system_view()] + \
+    roots = [p.resolve() for p, _ in view.system_view()] + \
         [Path(p).resolve() for p in ("/etc", "/proc", "/sys", "/dev", "/tmp")] + \
-        [p.resolve() for p in sandbox.environment()] + [Path(p).resolve() for p in allowed]
+        [p.resolve() for p in view.environment()] + [Path(p).resolve() for p in allowed]
     return opened, sorted(str(p) for p in opened if not any(p == r or p.is_relative_to(r) for r in roots))

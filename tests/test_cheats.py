@@ -21,7 +21,7 @@ from agent_target import BUDGET, edit
 from llm_server import ScriptedLLM
 from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
-from harness.run import sandbox
+from harness.run import sandbox, view
 
 NO_FIX = ["I cannot fix this."] * 3           # a crash is sent back for a fix: these answers give up
 BUDGET_LINE = "print(f\"time_budget_s:    {os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}\")"
@@ -445,7 +445,7 @@ def under_usr(tmp_path, monkeypatch):
         monkeypatch.delenv("AUTORESEARCH_TIME_BUDGET", raising=False)
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
-        sandbox.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
+        view.foreign_trees.cache_clear()          # walked once a process: this one planted trees since
         yield make_target(roots[0] / "app"), {"val": cache / "val.txt", "clone": clone / "results.tsv",
                                               "other": other / "val.parquet", "model": model / "model.json",
                                               "src_clone": roots[0] / "clone" / "results.tsv",
@@ -453,7 +453,7 @@ def under_usr(tmp_path, monkeypatch):
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
-        sandbox.foreign_trees.cache_clear()
+        view.foreign_trees.cache_clear()
 
 
 # CUDA_HOME=/usr (the apt toolkit's usual setting) or a venv of the system's Python (prefix /usr) named a folder

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import sandbox
+from harness.run import sandbox, view
 from harness.run.runner import interpreter
 from helpers import REPO, require_bwrap
 
@@ -175,7 +175,7 @@ def protected(**files):
 
 def walk(argv_of, targets, run=None):
     """Run the walker through argv_of(walker argv) and return its findings."""
-    spec = {"sizes": targets, "home": str(Path.home()), "allowed": [str(p.resolve()) for p in sandbox.environment()],
+    spec = {"sizes": targets, "home": str(Path.home()), "allowed": [str(p.resolve()) for p in view.environment()],
             "writable": ["/tmp", "/var/tmp", "/dev/shm"] + ([str(run.resolve())] if run else [])}
     return run_inside(argv_of([interpreter(), "-c", WALKER, json.dumps(spec)]))
 
@@ -203,12 +203,12 @@ def places(request, tmp_path):
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     roots = [Path("/usr/local/share") / name, Path("/usr/src") / name]
     try:
-        sandbox.foreign_trees.cache_clear()
+        view.foreign_trees.cache_clear()
         yield roots[0], roots[1] / "repo"
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
-        sandbox.foreign_trees.cache_clear()
+        view.foreign_trees.cache_clear()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 import report
 from harness.judge import curves
-from harness.record import dashboard
+from harness.record import dashboard, pagedata
 from helpers import in_ci, page_data
 
 TAG = "dash"
@@ -198,7 +198,7 @@ def test_the_loop_writes_a_live_page_that_stops_reloading_when_stale(tmp_path):
     s = types.SimpleNamespace(target=target, settings=types.SimpleNamespace(tag=TAG))
     dashboard.refresh(s, live=True, timeout_s=60.0)
     data = page_data(target / dashboard.PAGE)
-    assert data["live"] and data["stale_s"] == 720.0 and data["reload_s"] == dashboard.RELOAD_S
+    assert data["live"] and data["stale_s"] == 720.0 and data["reload_s"] == pagedata.RELOAD_S
     assert len(data["rows"]) == 4
     dom = browse(target / dashboard.PAGE, "", tmp_path)
     assert "live: written " in dom and "reloads every 30 s" in dom

@@ -22,8 +22,8 @@ import pytest
 import agent
 import report
 from agent_target import STRICT, edit
-from harness import console, gitops, ledger, redact
-from harness.run import runner, sandbox
+from harness import console, files, gitops, ledger, redact
+from harness.run import runner, view
 from harness.tag import session
 from harness.propose.edits import clean_description
 from llm_server import ScriptedLLM
@@ -110,7 +110,7 @@ def test_torn_lines_are_cut_whole_lines_kept(tmp_path):
     events_path.write_text('{"event": "start"}\n{"event": "experi')
     assert ledger.repair_last_line(events_path, ledger.is_event) == '{"event": "experi'
     assert events_path.read_text() == '{"event": "start"}\n'
-    ledger.append_line(events_path, '{"event": "stop"}')
+    files.append_line(events_path, '{"event": "stop"}')
     assert [e["event"] for e in ledger.read_events(events_path)] == ["start", "stop"]
 
 
@@ -364,7 +364,7 @@ def test_redaction_catches_escaped_overlapping_and_url_secrets(monkeypatch, tmp_
     (tmp_path / ".netrc").write_text("machine x login me password p\n")
     (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
     (tmp_path / ".cache" / "huggingface" / "token").write_text("hf_x\n")
-    assert sorted(sandbox.credential_paths()) == [tmp_path / ".cache" / "huggingface" / "token", tmp_path / ".netrc"]
+    assert sorted(view.credential_paths()) == [tmp_path / ".cache" / "huggingface" / "token", tmp_path / ".netrc"]
 
 
 def test_a_secret_quoted_in_a_rejection_reason_is_redacted_in_every_record(target, monkeypatch, tmp_path, capsys):
@@ -695,7 +695,7 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys):
     said = []
     s.status = lambda n, phase: said.append(phase)
     for elapsed in (30.0, 65.0):
-        session.Session.tick(s, 2, elapsed, None, "training", "run 1 of 3")
+        session.tick(s, 2, elapsed, None, "training", "run 1 of 3")
     assert said == ["run 1 of 3, training 0:30/1:00", "run 1 of 3, finishing 1:05 (past the 1:00 budget)"]
 
 
@@ -914,25 +914,25 @@ def test_a_record_is_written_only_into_a_regular_file_of_its_own(tmp_path):
              fifo: "Move it aside", folder: "Move it aside"}
     for path, problem in ((link, f"is a symbolic link (to {outside})"), (hard, "is one of 2 names of one file"),
                           (fifo, "is not a regular file"), (folder, "is not a regular file")):
-        with pytest.raises(ledger.RecordError) as e:
-            ledger.append_line(path, "row")
+        with pytest.raises(files.RecordError) as e:
+            files.append_line(path, "row")
         assert str(e.value).startswith(f"{path} {problem}") and fixes[path] in str(e.value)
         assert (f"`rm {path}`" in str(e.value)) == (path == link)      # rm of a hard link takes the record away
-        assert ledger.record_problem(path).startswith(problem)
-        with pytest.raises(ledger.RecordError):
-            ledger.copy_record(outside, path)
-    with pytest.raises(ledger.RecordError):
-        with ledger.open_record(link, "w"):
+        assert files.record_problem(path).startswith(problem)
+        with pytest.raises(files.RecordError):
+            files.copy_record(outside, path)
+    with pytest.raises(files.RecordError):
+        with files.open_record(link, "w"):
             pass
     assert outside.read_text() == "root:x:0:0:root:/root:/bin/bash\n" and link.is_symlink()
     subprocess.run(["sh", "-c", f"cp {hard} {hard}.own && mv {hard}.own {hard}"], check=True)   # the words' fix
-    ledger.append_line(hard, "row")
+    files.append_line(hard, "row")
     assert hard.read_text() == "root:x:0:0:root:/root:/bin/bash\nrow\n"
     assert outside.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
-    ledger.append_line(plain, "a")
-    ledger.append_line(plain, "b")
-    assert plain.read_text() == "a\nb\n" and ledger.record_problem(plain) is None
-    ledger.copy_record(outside, plain)
+    files.append_line(plain, "a")
+    files.append_line(plain, "b")
+    assert plain.read_text() == "a\nb\n" and files.record_problem(plain) is None
+    files.copy_record(outside, plain)
     assert plain.read_text() == outside.read_text()
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent_target import edit
-from harness.record import experiment
+from harness.record import baseline, experiment
 from harness.propose.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
 from harness.propose.perturb import grid, moves, numeric_constants
@@ -138,13 +138,13 @@ def test_the_evaluation_limit_is_sized_by_evaluation():
     late = Outcome("c0ffee", None, 0.0, 65.0, kind=Kind.TIMEOUT, eval_seconds=1800.0,
                    reason="evaluation timeout after 1800s: the frozen evaluator did not finish scoring the model in time")
     with pytest.raises(Stop) as stop:
-        experiment.record_baseline(s, [late], 0.0, None)
+        baseline.record_baseline(s, [late], 0.0, None)
     assert str(stop.value).startswith("the baseline's separate evaluation ran out of time (evaluation timeout after "
                                       "1800s: ") and "Fix train.py" not in str(stop.value)
     assert "--timeout 3780," in str(stop.value) and "--profile lab" in str(stop.value)
     slow = Outcome("c0ffee", None, 0.0, 140.2, kind=Kind.TIMEOUT, reason="timeout after 140s", timed_out=True)
     with pytest.raises(Stop) as stop:
-        experiment.record_baseline(s, [slow], 0.0, None)
+        baseline.record_baseline(s, [slow], 0.0, None)
     assert str(stop.value) == (
         "the baseline's training ran out of time (timeout after 140s): this machine is too slow or too busy for this "
         "budget, which is not train.py's fault (do not change it). Rerun the same command with a longer limit, "

@@ -1,7 +1,7 @@
 """
 The lab profile's recorded table (bench/lab_table.py): its reader refuses a table recorded with another setup and
 skips torn rows, its designs cover what docs/benchmarks.md reads from it, and a point's train.py is written by the
-harness's own search.write_point in the lab branch.
+harness's own searchspace.write_point in the lab branch.
 """
 
 import json

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from harness import ledger
+from harness import files, ledger
 from harness.judge import curves
-from harness.run import runner
+from harness.run import processes
 from harness.tag import tagview
 
 
@@ -185,11 +185,11 @@ def test_a_link_planted_at_a_runs_log_or_curve_is_never_written_through(tmp_path
     outside.write_text("keep me\n")
     log = tmp_path / "0001-0.log"
     log.symlink_to(outside)
-    with pytest.raises(ledger.RecordError, match="symbolic link"):
-        runner.open_unnamed(log)
+    with pytest.raises(files.RecordError, match="symbolic link"):
+        processes.open_unnamed(log)
     assert outside.read_text() == "keep me\n" and log.is_symlink()
     log.unlink()
-    with runner.open_unnamed(log) as f:                 # the regular case: written under a name of its own
+    with processes.open_unnamed(log) as f:                 # the regular case: written under a name of its own
         f.write(b"step 1\n")
     assert log.read_bytes() == b"step 1\n" and sorted(p.name for p in tmp_path.iterdir()) == ["0001-0.log", "outside.txt"]
     curves.path_of(log).symlink_to(outside)

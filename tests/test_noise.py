@@ -20,7 +20,7 @@ import agent
 import report
 from harness.judge import verdict
 from harness.propose import prompts
-from harness.tag import session
+from harness.tag import opening
 from harness.record.experiment import seed_of
 from harness.run.runner import Outcome
 from harness.judge.verdict import Rule, judge, judge_paired, pooled_of
@@ -34,8 +34,8 @@ SEED_BASE = 2                         # the tag's secret seed base in the simula
 
 
 def fixed_seed_base(monkeypatch, base=SEED_BASE):
-    """The loop draws this tag seed base (session.open_session's secrets.randbelow), so that its draws are known."""
-    monkeypatch.setattr(session.secrets, "randbelow", lambda n: base)
+    """The loop draws this tag seed base (opening.new_session's secrets.randbelow), so that its draws are known."""
+    monkeypatch.setattr(opening.secrets, "randbelow", lambda n: base)
 
 
 def loop(target, *extra):

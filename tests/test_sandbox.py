@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.run import sandbox  # noqa: E402
+from harness.run import sandbox, view# noqa: E402
 from harness.run.runner import interpreter  # noqa: E402
 from helpers import require_bwrap  # noqa: E402
 
@@ -325,10 +325,10 @@ def test_a_folder_holding_a_home_is_bound_in_its_needed_parts_only(tmp_path, mon
     for name in ("libcuda.so", "libfoo.so.1.2", "pyvenv.cfg", "secrets.json", "notes.so.txt"):
         (home / name).write_text("x")
     monkeypatch.setenv("HOME", str(home))
-    assert sandbox.narrow(home.resolve()) == [home.resolve() / n for n in ("bin", "lib", "libcuda.so",
+    assert view.narrow(home.resolve()) == [home.resolve() / n for n in ("bin", "lib", "libcuda.so",
                                                                             "libfoo.so.1.2", "pyvenv.cfg")]
-    assert sandbox.narrow(tmp_path.resolve()) == []             # holds the home, needs nothing of it
-    assert sandbox.narrow((home / "lib").resolve()) == [(home / "lib").resolve()]   # inside it: as it is
+    assert view.narrow(tmp_path.resolve()) == []             # holds the home, needs nothing of it
+    assert view.narrow((home / "lib").resolve()) == [(home / "lib").resolve()]   # inside it: as it is
 
 
 def test_a_prefix_or_library_folder_inside_a_home_is_bound_in_its_needed_parts(tmp_path, monkeypatch):
@@ -341,9 +341,9 @@ def test_a_prefix_or_library_folder_inside_a_home_is_bound_in_its_needed_parts(t
     (local / "lib" / "libpython3.11.so.1.0").write_text("x")
     (local / "secret.so").symlink_to(local / "share" / "uv" / "credentials")   # a link named like a library
     monkeypatch.setenv("HOME", str(home))
-    assert sandbox.narrow(local, sandbox.PREFIX, inside=True) == [local / n for n in ("bin", "include", "lib")]
-    assert sandbox.narrow(local / "lib", (), inside=True) == [local / "lib" / "libpython3.11.so.1.0"]
-    assert sandbox.narrow(local / "share") == [local / "share"]
+    assert view.narrow(local, view.PREFIX, inside=True) == [local / n for n in ("bin", "include", "lib")]
+    assert view.narrow(local / "lib", (), inside=True) == [local / "lib" / "libpython3.11.so.1.0"]
+    assert view.narrow(local / "share") == [local / "share"]
 
 
 def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidden(monkeypatch):
@@ -351,7 +351,7 @@ def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidde
     and a clone inside a packaged folder were readable (a hostile review)."""
     import pwd
     import shutil
-    if os.getuid() != 0 or sandbox.packaged() is None:
+    if os.getuid() != 0 or view.packaged() is None:
         pytest.skip("writes under /usr (root) and reads dpkg's records")
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     service, copy = Path("/usr/share") / f"{name}-svc", Path("/usr/share") / f"{name}-val.parquet"
@@ -363,33 +363,33 @@ def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidde
         (service / ".ollama").mkdir(parents=True)
         copy.write_text("the val split")
         (clone / ".git").mkdir(parents=True)
-        sandbox.foreign_trees.cache_clear()
-        found = sandbox.foreign_trees()
+        view.foreign_trees.cache_clear()
+        found = view.foreign_trees()
         assert {service, copy, clone} <= set(found)
         assert Path("/usr/share/doc") not in found and Path("/usr/lib/python3") not in found
-        assert service in sandbox.homes()
+        assert service in view.homes()
     finally:
         for path in (service, clone):
             shutil.rmtree(path, ignore_errors=True)
         copy.unlink(missing_ok=True)
-        sandbox.foreign_trees.cache_clear()
+        view.foreign_trees.cache_clear()
 
 
 def test_a_library_folder_of_the_linker_or_a_library_no_package_installed_stays_in_view(monkeypatch, tmp_path):
     """WSL's libcuda lives in /usr/lib/wsl/lib (named in /etc/ld.so.conf.d, installed by no package), a driver's
     runfile puts libraries straight into /usr/lib: hiding them would take the GPU from every sandboxed run."""
     import shutil
-    if os.getuid() != 0 or sandbox.packaged() is None:
+    if os.getuid() != 0 or view.packaged() is None:
         pytest.skip("writes under /usr (root) and reads dpkg's records")
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     folder, library = Path("/usr/lib") / name / "lib", Path("/usr/lib") / f"lib{name}.so.1"
-    monkeypatch.setattr(sandbox, "linker_folders", lambda: [folder])
+    monkeypatch.setattr(view, "linker_folders", lambda: [folder])
     try:
         folder.mkdir(parents=True)
         library.write_text("x")
-        sandbox.foreign_trees.cache_clear()
-        assert not {folder.parent, library} & set(sandbox.foreign_trees())
+        view.foreign_trees.cache_clear()
+        assert not {folder.parent, library} & set(view.foreign_trees())
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
         library.unlink(missing_ok=True)
-        sandbox.foreign_trees.cache_clear()
+        view.foreign_trees.cache_clear()

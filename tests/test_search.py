@@ -18,7 +18,7 @@ from helpers import AGENT, REPO, events, rows, run_agent, wait_for_run
 from llm_server import ScriptedLLM
 
 import agent
-from harness.propose import search
+from harness.propose import search, searchspace
 from harness.propose.edits import apply_answer
 from harness.errors import SetupError
 from harness.run.runner import Kind
@@ -52,7 +52,7 @@ def assert_study_matches(target):
 
 
 def test_the_default_space_of_the_real_train_py_cpu_branch():
-    space = search.space_of(TRAIN, "cpu", "# program\n")
+    space = searchspace.space_of(TRAIN, "cpu", "# program\n")
     words = {name: p.words() for name, p in space.items()}
     assert words["MATRIX_LR"] == "MATRIX_LR: low=0.02 high=0.18 log"            # 0.06 / 3 .. 0.06 x 3
     assert words["DEPTH"] == "DEPTH: low=2 high=8"                              # integer steps
@@ -64,22 +64,22 @@ def test_the_default_space_of_the_real_train_py_cpu_branch():
     assert words["ADAM_BETA2"].startswith("ADAM_BETA2: low=0.85 high=0.98")    # distance to 1: 0.05 x 3 .. / 3
     assert not {"EVAL_BATCH_SIZE", "DEVICE_BATCH_SIZE", "SEED", "THREADS"} & set(space)
     # the small branch: its own values (a 2**16 batch), not the cpu one's
-    assert search.space_of(TRAIN, "small", "")["TOTAL_BATCH_SIZE"].words() == "TOTAL_BATCH_SIZE: low=2**14 high=2**18"
+    assert searchspace.space_of(TRAIN, "small", "")["TOTAL_BATCH_SIZE"].words() == "TOTAL_BATCH_SIZE: low=2**14 high=2**18"
 
 
 def test_a_point_is_an_edit_of_those_constants_only_and_reads_back_as_written():
-    space = search.space_of(TRAIN, "cpu", "")
-    point = {**search.values_of(space, TRAIN, "cpu"), "MATRIX_LR": 0.0812345678, "TOTAL_BATCH_SIZE": 13,
+    space = searchspace.space_of(TRAIN, "cpu", "")
+    point = {**searchspace.values_of(space, TRAIN, "cpu"), "MATRIX_LR": 0.0812345678, "TOTAL_BATCH_SIZE": 13,
              "WINDOW_PATTERN": "SSL", "DEPTH": 5}
-    answer, written = search.write_point(TRAIN, "cpu", space, point, "tpe")
+    answer, written = searchspace.write_point(TRAIN, "cpu", space, point, "tpe")
     description, new = apply_answer(answer, TRAIN)
     # the largest moves first, as shares of their ranges: a choice, 1 of 4 powers, 1 of 6 depths, log 1.35 of log 9
     assert description == 'tpe: WINDOW_PATTERN "L" -> "SSL", TOTAL_BATCH_SIZE 2**12 -> 2**13, DEPTH 4 -> 5, ' \
                           "MATRIX_LR 0.06 -> 0.08123"
     point["SOFTCAP"] = 30.0
-    assert search.write_point(TRAIN, "cpu", space, point, "tpe")[0].splitlines()[0].endswith(
+    assert searchspace.write_point(TRAIN, "cpu", space, point, "tpe")[0].splitlines()[0].endswith(
         "DEPTH 4 -> 5, +1 more")                  # SOFTCAP x2 of x9 outranks MATRIX_LR, now the one left unnamed
-    assert written == search.values_of(space, new, "cpu") and written["MATRIX_LR"] == 0.08123
+    assert written == searchspace.values_of(space, new, "cpu") and written["MATRIX_LR"] == 0.08123
     changed = [(a, b) for a, b in zip(TRAIN.splitlines(), new.splitlines()) if a != b]
     assert len(changed) == 4 and len(TRAIN.splitlines()) == len(new.splitlines())
     assert "    TOTAL_BATCH_SIZE = 2**13  # smaller batches" in new             # comments and the 2**k form kept
@@ -98,7 +98,7 @@ anything
 
 
 def test_program_md_search_space_section_names_the_space():
-    space = search.space_of(TRAIN, "cpu", SPACE)
+    space = searchspace.space_of(TRAIN, "cpu", SPACE)
     assert [p.words() for p in space.values()] == [
         "MATRIX_LR: low=0.01 high=0.2 log", "DEPTH: low=2 high=6", "TOTAL_BATCH_SIZE: low=2**10 high=2**13",
         "WINDOW_PATTERN: choices=L,SSSL"]
@@ -124,7 +124,7 @@ def test_program_md_search_space_section_names_the_space():
 ])
 def test_a_bad_search_space_entry_names_the_entry_and_the_fix(entry, words):
     with pytest.raises(SetupError) as e:
-        search.space_of(TRAIN, "cpu", f"## Search space\n- {entry}\n")
+        searchspace.space_of(TRAIN, "cpu", f"## Search space\n- {entry}\n")
     assert f"search space entry {entry!r}" in str(e.value) and words in str(e.value)
 
 
@@ -374,8 +374,8 @@ def test_tpe_on_the_real_cpu_target_writes_runnable_points(real_repo):
         assert len(trial.params) == 16 and trial.params["MATRIX_LR"] != 0.06
         # the commit's train.py says what the study asked for (the description names only the largest moves)
         source = git.Repo(repo_dir).git.show(f"{e['full_commit']}:train.py")
-        space = search.space_of((repo_dir / "train.py").read_text(), "cpu", (repo_dir / "program.md").read_text())
-        written = search.values_of(space, source, "cpu")      # floats written to 4 significant digits
+        space = searchspace.space_of((repo_dir / "train.py").read_text(), "cpu", (repo_dir / "program.md").read_text())
+        written = searchspace.values_of(space, source, "cpu")      # floats written to 4 significant digits
         assert written.keys() == trial.params.keys()
         assert all(written[k] == v or written[k] == pytest.approx(v, rel=1e-3) for k, v in trial.params.items())
 

@@ -13,7 +13,7 @@ import agent
 from agent_target import SECRET, STRICT, edit, make_curve_target, make_target
 from conftest import tiny_env
 from helpers import AGENT, events, rows, wait_for_run
-from harness import ledger
+from harness import files, ledger
 from llm_server import ScriptedLLM
 
 KEEP = edit("raise LR", "LR = 0.04", "LR = 0.05")                            # 1.108 -> 1.008: keep
@@ -149,7 +149,7 @@ def test_a_store_locked_by_another_process_is_a_warning_and_its_libraries_stay_o
     warnings = [line for line in out.splitlines() if line.startswith("warning: mlflow:")]
     assert len(warnings) == 1 and "database is locked" in warnings[0], out
     assert "Traceback" not in out + err and "sqlalchemy" not in err.lower(), err
-    logged = (target / ".git" / "autoresearch" / "t" / ledger.LIBRARY_LOG).read_text()
+    logged = (target / ".git" / "autoresearch" / "t" / files.LIBRARY_LOG).read_text()
     assert "database is locked" in logged
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import runner, usage
+from harness.run import processes, runner, usage
 
 HOLD = """
 import time
@@ -83,7 +83,7 @@ def test_a_child_between_samples_counts_through_the_rusage(tmp_path):
 def test_a_detached_process_of_the_run_counts(tmp_path):
     """A process the run detaches (double fork + setsid: out of the tree, re-parented to the harness as subreaper)
     still carries the run's token, and is counted."""
-    if not runner.become_subreaper():
+    if not processes.become_subreaper():
         pytest.skip("no subreaper here")
     outcome = run_train(tmp_path, """
         import os

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from harness.judge import verdict
+from harness.judge import stats, verdict
 from harness.run.runner import Kind, Outcome
 from harness.judge.verdict import Rule, judge, judge_paired
 
@@ -255,8 +255,8 @@ def test_student_t_quantiles_are_the_tables():
     """Student's t (one-sided upper quantiles) as printed in any table: 12.706 (df 1, 0.975), 4.303 (2, 0.975),
     2.228 (10, 0.975), 3.365 (5, 0.99); the CDF at 0 is 1/2."""
     for p, df, table in ((0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 10, 2.228), (0.99, 5, 3.365)):
-        assert verdict.t_quantile(p, df) == pytest.approx(table, abs=5e-4)
-    assert verdict.t_cdf(0.0, 3) == 0.5 and verdict.t_cdf(-12.706, 1) == pytest.approx(0.025, abs=1e-5)
+        assert stats.t_quantile(p, df) == pytest.approx(table, abs=5e-4)
+    assert stats.t_cdf(0.0, 3) == 0.5 and stats.t_cdf(-12.706, 1) == pytest.approx(0.025, abs=1e-5)
 
 
 def test_the_paired_sd_pools_the_tags_verdicts_and_the_unpaired_noise_before_there_are_any():
@@ -264,14 +264,14 @@ def test_the_paired_sd_pools_the_tags_verdicts_and_the_unpaired_noise_before_the
     (sd 0.0625) and a verdict's own deviations, the unpaired noise left out; a verdict whose own differences spread
     more than that (an edit that breaks the pairing) is judged on its own sd and degrees of freedom. The false-keep
     rate 2 % is split over the 3 looks after runs 2, 3, 4."""
-    assert PAIRED.paired_sd([0.25]) == (0.0625 * 2 ** 0.5, 1)
-    assert PAIRED.paired_sd([0.25], LEARNED) == (0.0625, 100)
-    sd, df = PAIRED.paired_sd([0.25, 0.1875], LEARNED)                   # spreads less than the tag's: pooled
+    assert stats.paired_sd(PAIRED, [0.25]) == (0.0625 * 2 ** 0.5, 1)
+    assert stats.paired_sd(PAIRED, [0.25], LEARNED) == (0.0625, 100)
+    sd, df = stats.paired_sd(PAIRED, [0.25, 0.1875], LEARNED)                   # spreads less than the tag's: pooled
     assert df == 101 and sd == pytest.approx(((0.390625 + 0.001953125) / 101) ** 0.5)
-    assert PAIRED.paired_sd([0.25, 0.125], LEARNED) == (0.0078125 ** 0.5, 1)   # more than the tag's: its own
-    assert [round(PAIRED.threshold(df), 3) for df in (1, 2, 3)] == [47.740, 8.573, 5.268]
-    assert Rule("min", verdict="paired").paired_sd([0.5]) == (None, 0)          # one baseline run: nothing known yet
-    assert PAIRED.pair_floor == 0.000625 and Rule("min", verdict="paired").pair_floor == verdict.PRINT_FLOOR
+    assert stats.paired_sd(PAIRED, [0.25, 0.125], LEARNED) == (0.0078125 ** 0.5, 1)   # more than the tag's: its own
+    assert [round(stats.threshold(PAIRED, df), 3) for df in (1, 2, 3)] == [47.740, 8.573, 5.268]
+    assert stats.paired_sd(Rule("min", verdict="paired"), [0.5]) == (None, 0)          # one baseline run: nothing known yet
+    assert stats.pair_floor(PAIRED) == 0.000625 and stats.pair_floor(Rule("min", verdict="paired")) == stats.PRINT_FLOOR
     assert verdict.pooled_of(PAIRED, [((1.75, 2.125), (2.0, 2.25)), ((1.5,), (2.0,))]) == (0.0078125, 1)
 
 

@@ -44,7 +44,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-from harness import ledger
+from harness import files
 
 WARMUP = 0.7                # share of the budget before the first checkpoint (issue 23 proposed 0.5; at 0.5 the
 #                             benchmark's replay cancelled a near-miss: docs/benchmarks.md#early-cancellation)
@@ -221,9 +221,9 @@ def path_of(log):
 
 def save(curve, log):
     """Write curve beside log (nothing for a run that printed no progress line); a link planted at its name is
-    replaced, never written through (ledger.write_atomic)."""
+    replaced, never written through (files.write_atomic)."""
     if curve.points:
-        ledger.write_atomic(path_of(log), curve.to_json())
+        files.write_atomic(path_of(log), curve.to_json())
 
 
 def load(log):

@@ -12,6 +12,7 @@ import math
 import statistics
 from typing import Callable
 
+from harness.judge import stats
 from harness.run import conditions
 from harness.errors import SetupError
 
@@ -19,12 +20,6 @@ MARGIN_SDS = 2              # the margin rule's default margin: this many noise 
 DEFAULT_CONFIRM = 1         # the margin rule: confirmation runs of a likely win, unless --confirm says otherwise
 PAIRED_CONFIRM = 3          # the paired rule: up to this many runs after the first (a cap of 4), unless --confirm
 FALSE_KEEP = 0.02           # the paired rule's false-keep rate: at most 1 kept no-op per 50 (--false-keep-rate)
-PAIRED_FLOOR_SDS = 0.01     # the least sd of paired differences assumed: this share of the noise sd (or the floor)
-PRINT_FLOOR = 1e-6          # ... and never below the summary's printed precision (6 decimals)
-PRIOR_DF = 1                # the degrees of freedom of the unpaired fallback for the paired sd (no paired data yet)
-FIRST_LOOK = 1.25           # the paired rule goes on after a first run that beats the best's by this many paired sds
-LEARN_DF = 4                # ... or by anything, while the tag's pooled paired differences have fewer degrees of
-#                             freedom than this: its first candidates teach the rule how much pairing removes
 # Runs of one candidate with other seeds that agree within this share of the noise sd repeat one draw: train.py
 # ignores AUTORESEARCH_SEED, so no run confirms another. Two honest runs (difference ~ N(0, 2 sd^2)) land this close
 # 0.56 % of the time; a seed-ignoring run on a GPU differs only by kernel nondeterminism, far less than 1 % of an sd.
@@ -35,35 +30,6 @@ STILL_SHARE = 0.1           # ... or that spread less than this share of the bes
 # fresh draw for a train.py that stalls when its run goes badly, only another chance for the machine. One: a second
 # failure in a row says the machine (or the train.py) cannot give this run now, and a third would cost another budget.
 ENV_RETRIES = 1
-
-
-def t_cdf(t, df):
-    """P(T <= t) for Student's t with an integer df >= 1, in closed form (Abramowitz & Stegun 26.7.3 for odd df,
-    26.7.4 for even df: the series in cos(theta), theta = atan(t / sqrt(df)))."""
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
-    if df % 2:
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        inside = (2 / math.pi) * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
-    else:
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        inside = math.sin(theta) * total
-    return 0.5 + inside / 2 if t >= 0 else 0.5 - inside / 2
-
-
-def t_quantile(p, df):
-    """The t with P(T <= t) = p (0.5 < p < 1) for Student's t with integer df, by bisection on t_cdf (1e-9)."""
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    while hi - lo > 1e-9 * max(1.0, hi):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +93,6 @@ class Rule:
         return max(self.noise_sd or 0.0, self.sd_floor)
 
     @property
-    def pair_floor(self):
-        """The least sd of paired differences assumed (runs that agree exactly would make any gain certain): the
-        noise floor (sd_floor), else PAIRED_FLOOR_SDS x the noise sd, never below PRINT_FLOOR."""
-        return max(self.sd_floor, PAIRED_FLOOR_SDS * (self.noise_sd or 0.0), PRINT_FLOOR)
-
-    def threshold(self, df):
-        """The t a paired mean difference over its standard error must exceed to be kept, with df degrees of freedom
-        (paired_sd's): the one-sided Student t quantile at false_keep / confirm (the rate split over the confirm looks
-        after runs 2.., Bonferroni: a no-op is kept at most false_keep of the time whichever look keeps it)."""
-        return t_quantile(1 - self.false_keep / self.confirm, df)
-
-    @property
     def margin(self):
         """How much a candidate must beat the best by, in metric units (0.0: strictly better). The paired rule
         judges differences, not a margin: this is then what the prompt calls a near miss."""
@@ -183,41 +137,6 @@ class Rule:
     def near_miss(self, metric, base):
         """A discard within the margin of the best it was judged against: an idea worth combining with another."""
         return self.margin > 0 and abs(metric - base) <= self.margin
-
-    def paired_sd(self, diffs, pooled=(0.0, 0)):
-        """(the sd of one paired difference, its degrees of freedom): pooled from the squared deviations of this
-        tag's earlier paired verdicts around their means (pooled: (sum, degrees of freedom)) and of these diffs; before
-        there are any, the unpaired sqrt(2) x noise sd (no correlation assumed) with PRIOR_DF degrees of freedom
-        (None when no noise sd was measured either); at least pair_floor. Pairing removes most of the noise (on the
-        cpu profile the paired sd was 1/3 to 1/57 of the unpaired one: docs/benchmarks.md), so the baseline's
-        unpaired noise is a fallback only: weighed in, it would outweigh dozens of paired degrees of freedom."""
-        squares, df = pooled
-        if len(diffs) > 1:
-            own = statistics.variance(diffs)
-            squares, df = squares + (len(diffs) - 1) * own, df + len(diffs) - 1
-            if own > squares / df:              # this edit's differences spread more than the tag's: its own sd
-                return max(math.sqrt(own), self.pair_floor), len(diffs) - 1
-        if df:
-            return max(math.sqrt(squares / df), self.pair_floor), df
-        if not self.sd:
-            return None, 0
-        return max(math.sqrt(2) * self.sd, self.pair_floor), PRIOR_DF
-
-    def step(self, diffs, pooled=(0.0, 0)):
-        """The paired rule's decision after len(diffs) runs (diffs: gain of each run over the best's run at its
-        seed; pooled: paired_sd's): after the first run, "discard" unless it beats the best's run (by more than
-        FIRST_LOOK paired sds once the tag has pooled LEARN_DF degrees of freedom: a no-op then goes on 11 % of the
-        time); later, "keep" when the mean over its standard
-        error exceeds threshold(), "discard" when the mean is not above 0 or at the cap, else None: one more run."""
-        mean = statistics.fmean(diffs)
-        sd, df = self.paired_sd(diffs, pooled)
-        if mean <= 0 or sd is None and len(diffs) < 2:
-            return "discard" if mean <= 0 else None
-        if len(diffs) < 2:
-            return None if sd is None or pooled[1] < LEARN_DF or mean > FIRST_LOOK * sd else "discard"
-        if mean / (sd / math.sqrt(len(diffs))) > self.threshold(df):
-            return "keep"
-        return "discard" if len(diffs) >= 1 + self.confirm else None
 
     def words(self, metric="the metric"):
         """The rule in one paragraph, as the system prompt, `agent.py try` and report.py state it (--confirm 0: the
@@ -299,7 +218,7 @@ def tokens_per_sec(outcome):
 
 def pooled_of(rule, verdicts):
     """(sum of squared deviations, degrees of freedom) of paired differences over earlier verdicts, each (runs, best)
-    of the same metric: what Rule.paired_sd pools (a verdict of one run adds nothing)."""
+    of the same metric: what stats.paired_sd pools (a verdict of one run adds nothing)."""
     squares, df = 0.0, 0
     for runs, best in verdicts:
         diffs = [rule.gain(m, b) for m, b in zip(runs or (), best or ())]
@@ -414,13 +333,13 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
         runs.append(outcome.metric)
         best.append(value)
         remeasured += bool(fresh)
-        decision = rule.step([rule.gain(m, b) for m, b in zip(runs, best)], pooled)
+        decision = stats.step(rule, [rule.gain(m, b) for m, b in zip(runs, best)], pooled)
         if decision or seed_ignored(rule, runs, best):
             break
     if not runs:
         return Verdict("discard", (first.metric,), first.metric, why)
     diffs = [rule.gain(m, b) for m, b in zip(runs, best)]
-    sd, _ = rule.paired_sd(diffs, pooled)
+    sd, _ = stats.paired_sd(rule, diffs, pooled)
     t = statistics.fmean(diffs) / (sd / math.sqrt(len(diffs))) if sd else None
     mean, paired = statistics.fmean(runs), dict(best=tuple(best), remeasured=remeasured, t=t,
                                                 gain=statistics.fmean(diffs), retried=retried)
@@ -482,7 +401,7 @@ class VerdictRule:
             return f"not kept: not better than the best's runs at the same seeds (mean gain {gain:+.6f}, {runs})"
         if n == 1:
             return (f"not kept: its first run beat the best's at the same seed by {gain:+.6f}, within "
-                    f"{FIRST_LOOK:g} paired sds: too close to be worth more runs")
+                    f"{stats.FIRST_LOOK:g} paired sds: too close to be worth more runs")
         return (f"not kept: mean gain {gain:+.6f} over the best's runs at the same seeds ({runs}{t}) is not above "
                 f"the one-sided t-test's bar at a false-keep rate of {rule.false_keep:g}: it may be noise")
 

@@ -11,12 +11,13 @@ import time
 
 from harness import console, ledger
 from harness.propose import outer
-from harness.record import experiment
+from harness.record import baseline, experiment
 from harness.judge.curves import Cancel
 from harness.errors import SetupError
 from harness.propose.edits import EditError, clean_description
 from harness.run.runner import Kind
 from harness.ledger import has_metric
+from harness.tag import session
 from harness.tag.session import RUN_LOG, best_source, describe, duplicate_of, file_at_bytes, measured_as
 from harness.tag.settings import MAX_FIXES
 from harness.judge.verdict import Verdict
@@ -33,10 +34,10 @@ def try_one(s, proposer=None, constants=None):
     if a.sync:
         return sync_checkout(s)
     if a.baseline:                      # open_session checked that one is due (none yet, or --new-hardware's)
-        t0, spend0, (n, sha) = time.monotonic(), s.spend, experiment.baseline_commit(s)
-        s.status(n, f"baseline: {a.baseline_runs} run(s)")
+        t0, spend0, (n, sha) = time.monotonic(), s.spend, baseline.baseline_commit(s)
+        session.status(s, n, f"baseline: {a.baseline_runs} run(s)")
         outcomes = [experiment.train(s, n, 0, sha, run=run) for run in range(a.baseline_runs)]
-        experiment.record_baseline(s, outcomes, t0, spend0)
+        baseline.record_baseline(s, outcomes, t0, spend0)
         return verdict(s, s.history[-1], None)
     check_based_on_best(s)
     try:

@@ -9,7 +9,7 @@ code edit carries the LLM's reason; the study is told of every point run, whoeve
 import json
 import re
 
-from harness.propose import ideas, search
+from harness.propose import ideas, search, searchspace
 from harness.propose.edits import MARKERS, EditError, apply_answer
 from harness.propose.providers import Spend
 from harness.propose.prompts import HYBRID_CODE, HYBRID_OVERRIDE, HYBRID_PROMPT, HYBRID_REPAIR, format_history, goal_word, \
@@ -99,7 +99,7 @@ def decide(s, text, train_src, point, mine, may_override, stalled):
         if (x := p.internal(value)) is None:        # a string, a bool, null or a number out of range
             raise EditError(f"{name} = {json.dumps(value)[:100]} is not a value of it ({p.words()})")
         changed[name] = x
-    answer_text, _ = search.write_point(train_src, s.profile, space, changed, OVERRIDE)
+    answer_text, _ = searchspace.write_point(train_src, s.profile, space, changed, OVERRIDE)
     description, source = apply_answer(answer_text, train_src, FROZEN)
     return [(description, source, answer_text, OVERRIDE, reason)]
 

@@ -21,6 +21,7 @@ from harness.gitops import GitError, file_at
 from harness.propose.prompts import FIX_PROMPT, PROPOSE_PROMPT, REPAIR_PROMPT, WAVE_PROMPT, format_history, goal_word, \
     program_brief
 from harness.propose.providers import Spend
+from harness.tag import session
 from harness.tag.session import best_source, describe, measured_as, touched_by
 from harness.tag.settings import MAX_REPAIRS
 from harness.run.target import FROZEN, read_text
@@ -121,7 +122,7 @@ def propose(s, backlog, n, running, k=1):
     ahead = (f" ahead while {', '.join(f'#{j.n}' for j in sorted(running, key=lambda j: j.n))} "
              f"{'trains' if len(running) == 1 else 'train'} (speculation)") if running else \
         " ahead while the baseline trains (speculation)" if not s.history else ""
-    s.status(n, "proposing" + (f" {k} ideas" if k > 1 else "") + ahead)
+    session.status(s, n, "proposing" + (f" {k} ideas" if k > 1 else "") + ahead)
     backlog.wave += 1
     found, llm = 0, backlog.proposer.is_llm
     if backlog.mixer is not None:              # the sampler's points, each shown to the LLM (harness.propose.hybrid)
@@ -302,7 +303,7 @@ def ask_fix(s, backlog, job, n, reason, log_tail):
     with s.lock:                        # the devices' threads use the repository too
         crashed_src = file_at(s.repo, job.commit, s.train_rel)
     prompt = FIX_PROMPT.format(description=job.idea.description, reason=reason, tail=log_tail, train=crashed_src)
-    s.status(job.n, f"asking for fix {job.fixes + 1}")
+    session.status(s, job.n, f"asking for fix {job.fixes + 1}")
     t0 = time.monotonic()
     fixed = ask_for_edit(s, backlog, n, [{"role": "user", "content": prompt}], crashed_src)
     s.pool.waited(time.monotonic() - t0)

@@ -211,9 +211,9 @@ def families_of(source):
 def change_at(s, e):
     """The Change of experiment event e (its "moves"/"families" fields when recorded, else from git: its base's
     train.py to its commit's); an empty Change for a baseline (a new hardware's too) or when git cannot read it."""
-    cache = s.changes
+    cache = s.cache.changes
     if e["n"] not in cache:
-        if is_baseline(e) or not e.get("base") or not e.get("full_commit") or e["n"] in s.unreadable:
+        if is_baseline(e) or not e.get("base") or not e.get("full_commit") or e["n"] in s.cache.unreadable:
             cache[e["n"]] = Change()
         else:
             try:

@@ -8,25 +8,24 @@ proposes (harness.propose.ideas) and never decides the rule (harness.judge.verdi
 
 import dataclasses
 import hashlib
-import math
 import secrets
 import shutil
 import statistics
-import time
 from pathlib import Path
 
-from harness import console, gitops, ledger
+from harness import console, files, gitops, ledger
 from harness.judge import curves, holdout, verdict
-from harness.record import dashboard, sinks
-from harness.run import conditions, hardware, sandbox
+from harness.record import sinks
+from harness.run import conditions, hardware
 from harness.run.backends import Local, Spec, Watch
 from harness.propose.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
 from harness.gitops import git_blob_sha
 from harness.propose.providers import Spend
 from harness.redact import redact
-from harness.run.runner import EVAL_TIMEOUT, Kind, timeout_s
-from harness.tag.session import RUN_LOG, best_source, export_frozen, file_at_bytes, locked
+from harness.run.runner import Kind, timeout_s
+from harness.tag import session
+from harness.tag.session import RUN_LOG, export_frozen, file_at_bytes, locked
 from harness.tag.settings import THREADS
 from harness.run.target import default_timeout, run_prepare
 from harness.schema import Event
@@ -102,10 +101,10 @@ class RunWatch(Watch):
 
     def tick(self, elapsed):
         phase = self.current
-        if phase == "training" and self.s.curves:   # a target that prints progress lines (its baseline did):
+        if phase == "training" and self.s.cache.curves:   # a target that prints progress lines (its baseline did):
             self.offset = curves.read_log(self.spec.log, self.curve, self.offset)   # start-up until the first one
             phase = "training" if self.curve.points else "start-up"
-        self.s.tick(self.spec.n, elapsed, self.spec.device, phase, self.run_words())
+        session.tick(self.s, self.spec.n, elapsed, self.spec.device, phase, self.run_words())
 
     def run_words(self):
         """Which run of the experiment this is: "run 2 of 3" (the baseline), "run 1 of at most 4" (a candidate under
@@ -163,20 +162,29 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             export_frozen(s, frozen_dir)    # a device's first run: the probe before training runs from its copy
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
+    after_run(s, spec, outcome, best)
+    return outcome
+
+
+def after_run(s, spec, outcome, best):
+    """The bookkeeping of a run that ended (train's): its curve kept beside its log and in the caches, its log copied
+    to <target>/run.log, a "cancel" event when its rule stopped it, its metric and probe kept by seed, its summary's
+    device and threads checked against the fingerprint (a warning), the probe's failure said once, "run_end"."""
+    n, fix, run, seed, sha, device = spec.n, spec.fix, spec.run, spec.seed, spec.commit, spec.device
     curve = curves.of_log(spec.log)
     curves.save(curve, spec.log)
     with s.lock:
         if spec.log.exists():
-            ledger.copy_record(spec.log, s.target / RUN_LOG)
+            files.copy_record(spec.log, s.target / RUN_LOG)
         if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own
-            s.curves.setdefault(sha[:7], {})[seed] = curve
+            s.cache.curves.setdefault(sha[:7], {})[seed] = curve
         if outcome.cancel is not None:
             watched = spec.cancel
             s.log(Event.CANCEL, n=n, commit=sha[:7], **outcome.cancel.fields(), words=outcome.cancel.words(),
                   curve=curve.until(outcome.cancel.at), paired=watched.paired is not None,
                   best_curve=mean_curve([watched.paired] if watched.paired else watched.best, curve, outcome.cancel.at))
         if outcome.metric is not None:
-            s.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
+            s.cache.measured.setdefault(sha[:7], {})[seed] = (outcome.metric, outcome.probe_s)
         outcome.hardware_mismatch = hardware.summary_mismatch(s.hardware or {}, outcome.summary,
                                                               device.threads if device else THREADS)
         if outcome.hardware_mismatch:
@@ -194,7 +202,6 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
               device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
               probe_problem=outcome.probe_problem or None, best=best or None,
               hardware_mismatch=outcome.hardware_mismatch, timeout_s=outcome.timeout_s)
-    return outcome
 
 
 def log_path(s, n, fix, run=0, best=False):
@@ -218,7 +225,7 @@ def cancel_watcher(s, n, run, sha, base):
         return None                                            # other's logs: curves are then not evidence
     with s.lock:
         baseline, original = ledger.baseline_of(s.history)["full_commit"], s.history[0]["full_commit"]
-        known = {c: dict(s.curves.get(c[:7], {})) for c in (base, baseline)}
+        known = {c: dict(s.cache.curves.get(c[:7], {})) for c in (base, baseline)}
     if len(known[baseline]) < curves.MIN_BASELINE:
         return None
     try:
@@ -251,25 +258,25 @@ def mean_curve(best, curve, until):
 def judge(s, n, fix, first, base, base_metric, device=None):
     """The tag's rule on this candidate's first run against the best it was built on (commit `base`, its metric
     base_metric), its further runs trained here (on `device`), each logged; the rule decides (verdict.RULES: the
-    paired rule judges on the best's run at each seed, taken from s.measured or run now, a "rerun_best" event, when
+    paired rule judges on the best's run at each seed, taken from s.cache.measured or run now, a "rerun_best" event, when
     there is none or the candidate's speed probe differs from it; the margin rule against the best's mean, or the
     best re-run now at the candidate's seed when the probes differ). Safe in a worker thread. Returns a Verdict."""
     def run_again(run):
-        s.status(n, f"run {run + 1} of at most {1 + s.rule.confirm}" if s.rule.is_paired else
+        session.status(s, n, f"run {run + 1} of at most {1 + s.rule.confirm}" if s.rule.is_paired else
                  f"confirmation run {run} of {s.rule.confirm}")
         return train(s, n, fix, first.commit, run=run, device=device)
 
     def best_at(run, outcome, then=None):
         seed = run_seed(s, n, run)
         with s.lock:
-            known = s.measured.get(base[:7], {}).get(seed)
+            known = s.cache.measured.get(base[:7], {}).get(seed)
         if known is not None and not conditions.differ(outcome.probe_s, known[1]):
             return known[0], False, ""
         then = then or (known or (None, None))[1]
         why = ("no run of the best at this seed yet" if then is None else
                f"its probe {outcome.probe_s:.3f}s against the best's {then:.3f}s: the machine's speed changed")
         s.log(Event.RERUN_BEST, n=n, run=run, seed=seed, best=base[:7], reason=why)
-        s.status(n, f"running the best at seed {seed} ({why.split(':')[-1].strip()})")
+        session.status(s, n, f"running the best at seed {seed} ({why.split(':')[-1].strip()})")
         again = train(s, n, fix, base, run=run, device=device, best=True)
         if again.metric is None:
             return None, False, f"the best's run at seed {seed} failed ({again.reason}): judged on the runs before"
@@ -290,7 +297,7 @@ def judge(s, n, fix, first, base, base_metric, device=None):
 def best_probe(s, base):
     """The mean speed probe of commit base's measured runs (the best's; the baseline's as a yardstick; None: none
     probed)."""
-    probes = [p for _, p in s.measured.get(base[:7], {}).values() if p]
+    probes = [p for _, p in s.cache.measured.get(base[:7], {}).values() if p]
     return statistics.fmean(probes) if probes else None
 
 
@@ -337,7 +344,7 @@ def record(s, result):
     if r.judged.remeasured:
         description += f" (the best re-run {r.judged.remeasured}x: the machine's speed changed)"
     cancel = outcome.cancel if outcome.kind is Kind.CANCELLED else None
-    idle = [curves.idle(c) for c in s.curves.get(outcome.commit[:7], {}).values()]
+    idle = [curves.idle(c) for c in s.cache.curves.get(outcome.commit[:7], {}).values()]
     still = idle[0] if idle and all(idle) else ""      # every run of it: did not train
     if r.why or still:                  # the reason kept whole: it says why the row's metric is what it is
         description = with_reason(clean_description(description), clean_description(r.why or still))
@@ -409,67 +416,6 @@ def keep(s, event):
     s.best_commit = event["full_commit"]        # its metric: s.best_metric, from the history
 
 
-def baseline_commit(s):
-    """(n, commit) of the baseline to measure now (Session.baseline_due): experiment 0 is the branch start itself; a
-    re-baseline on new hardware (--new-hardware) commits the best's train.py unchanged as the next experiment, its own
-    commit, so that the new hardware's runs (what candidates pair with, their curves) never mix with the old best's."""
-    if s.next_n == 0:
-        make_candidate_ref(s, 0, s.best_commit)
-        return 0, s.best_commit
-    n = s.next_n
-    return n, commit(s, n, best_source(s), f"baseline on new hardware ({hardware.words(s.hardware)})", same=True)
-
-
-def record_baseline(s, outcomes, t0, spend0):
-    """The baseline from its runs (the unmodified train.py, --baseline-runs seeds; baseline_commit's experiment):
-    their mean is the best, their sd the noise floor (s.rule's), the mean of their speed probes the conditions the
-    wall-time allowance is scaled from. A re-baseline on new hardware (n > 0, `rebaseline` in its event) is a keep:
-    the branch moves to its commit, and the tag's rule settings stay the first baseline's. Raises Stop when a run
-    crashed (nothing to improve on) or the cluster could not run it."""
-    for outcome in outcomes:
-        if outcome.kind in (Kind.LOST, Kind.NODE):              # the cluster, not train.py
-            raise Stop(f"the baseline could not run on the Ray cluster ({outcome.reason}); fix the cluster or its "
-                       f"data (docs/parallel.md), then rerun the same command. Last lines of {RUN_LOG}:\n"
-                       f"{outcome.log_tail}")
-        if outcome.kind is Kind.TIMEOUT:    # the train.py the tag starts from and the pristine evaluator: the machine
-            what = "separate evaluation" if outcome.reason.startswith(EVAL_TIMEOUT) else "training"
-            raise Stop(f"the baseline's {what} ran out of time ({outcome.reason}): this machine is too slow or too "
-                       f"busy for this budget, which is not train.py's fault (do not change it). Rerun the same "
-                       f"command with a longer limit, --timeout {baseline_timeout_hint(outcome)}, quiet the machine, or "
-                       f"prepare the smaller lab profile (`uv run prepare.py --profile lab --force`)")
-        if outcome.metric is None:
-            raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
-                       f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
-                       f"{outcome.log_tail}")
-    runs = tuple(outcome.metric for outcome in outcomes)
-    noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
-    floor, floor_source = verdict.sd_floor(s.metric, runs, outcomes[-1].eval_summary, s.sd_floor_declared)
-    probes = [outcome.probe_s for outcome in outcomes if outcome.probe_s]
-    judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
-    rule, n = s.rule, s.next_n
-    again = dict(rebaseline=True) if n else {}     # built on the best; no base_metric: another machine measured it
-    record(s, Result(n, outcomes[-1], judged, "baseline on new hardware" if n else "baseline", time.monotonic() - t0,
-                     s.spend - spend0, noise_sd=noise_sd, base=s.best_commit if n else None,
-                     fields=dict(**rule.recorded(), seed_base=s.seed_base,         # the tag's rule from now on
-                                 sd_floor=floor, floor_source=floor_source,
-                                 base_probe_s=statistics.fmean(probes) if probes else None, timeout_s=s.timeout,
-                                 **again)))
-    if n:
-        keep(s, s.history[-1])
-    s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], verdict=rule.verdict,
-                             false_keep=rule.false_keep)
-    if noise_sd is not None:
-        console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; " + (
-            f"candidates are paired with these seeds (false-keep rate {s.rule.false_keep:g})" if s.rule.is_paired
-            else f"a candidate must beat the best by {s.rule.margin:.6f} ({s.rule.source})"))
-    console.say(max_wall(s).words())
-
-
-def baseline_timeout_hint(outcome):
-    """A --timeout for a baseline whose run hit its limit: twice what it ran, in whole minutes (seconds)."""
-    return 60 * math.ceil(2 * max(outcome.seconds + outcome.eval_seconds, 60) / 60)
-
-
 def seed_of(seed_base, n, run):
     """The seed of run `run` of experiment n under the margin rule: the tag's secret seed_base, n and run hashed
     (sha256) to a number below 2**31. Distinct for every run of a tag (two runs share one with odds of 1 in 2**31), so
@@ -522,30 +468,6 @@ def eval_timeout(s):
     base = None if s.baseline_due else ledger.baseline_of(s.history)
     sized = EVAL_FIRST_S if base is None else EVAL_TIMES * (base.get("eval_seconds") or 0.0) + EVAL_SLACK_S
     return max(sized, s.timeout or 0.0)
-
-
-def holdout_wrap(s):
-    """The holdout evaluator's sandbox, the separate evaluator's (its pristine copy, the artifact read-only; bwrap's
-    --die-with-parent: a kill -9 of the harness takes it along), on the first device's GPU; None without a sandbox."""
-    if s.eval_wrap is None:
-        return None
-    gpu = sandbox.run_gpu(s.pool.devices[0].env if s.pool else {})
-    return lambda argv, artifact: s.eval_wrap(argv, s.home / "frozen", artifact, gpu)
-
-
-def holdout_line(s):
-    """The end-of-run holdout line (harness.judge.holdout.holdout_summary), or why it was not measured. Announced first,
-    with the time two evaluations took in this tag (it can take minutes, after the stop line)."""
-    took = [e.get("eval_seconds") for e in (ledger.baseline_of(s.history), s.best_event)]
-    console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
-                (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
-    try:
-        line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"], wrap=holdout_wrap(s))
-    except SetupError as e:
-        line = f"holdout: not measured ({str(e).splitlines()[-1]})"
-    s.log(Event.HOLDOUT, line=line)
-    dashboard.refresh(s, live=False)
-    return line
 
 
 def stopped(s, **fields):

@@ -97,28 +97,7 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
         if outside:
             ax.scatter(outside, [edge] * len(outside), transform=on_edge, marker="^" if goal == "min" else "v",
                        s=22, color="0.55", alpha=0.6, label="discard, off scale", zorder=2, clip_on=False)
-        best = running_best(rows, goal)
-        steps = [(i, b) for i, b in enumerate(best) if b is not None]
-        if steps:
-            ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
-        if steps and band:
-            xs, ys = [*(x for x, _ in steps), steps[-1][0] + 0.5], [*(y for _, y in steps), steps[-1][1]]
-            sign = -1 if goal == "min" else 1
-            ax.fill_between(xs, ys, [y + sign * band for y in ys], step="post", color="tab:green", alpha=0.15,
-                            label=band_words, zorder=1)
-        if rows and has_metric(rows[0]):
-            ax.scatter([0], [rows[0].metric], s=60, marker="D", color="black", label="baseline", zorder=4)
-        kept = [(i, r) for i, r in enumerate(rows) if i and r.status == "keep" and has_metric(r)]
-        if kept:
-            ax.scatter([i for i, _ in kept], [r.metric for _, r in kept], s=46, color="tab:green", edgecolor="black",
-                       linewidth=0.6, label="keep", zorder=4)
-        right = max(len(rows) - 1, 1)
-        for i, r in kept[-LABELS:]:   # labels lean inward near the right edge, so that none is cut off
-            lean = i > 0.75 * right
-            ax.annotate(plain(r.description[:32]), (i, r.metric), xytext=(-4 if lean else 4, 5),
-                        textcoords="offset points",
-                        fontsize=7, rotation=20, color="darkgreen", ha="right" if lean else "left",
-                        annotation_clip=True)
+        draw_best(ax, rows, goal, band, band_words)
     else:
         ax.set_yticks([])
         ax.text(0.5, 0.5, "no experiments yet" if not rows else "no metric yet: every run crashed",
@@ -130,6 +109,34 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left" if goal == "max" else "lower left", fontsize=8)  # the corner the curve leaves empty
     return save_figure(fig, png)
+
+
+def draw_best(ax, rows, goal, band, band_words):
+    """plot_progress's running best (a step line, with the verdict's band on its better side: band, in metric units,
+    and its legend words), the baseline's diamond and the kept rows (the LABELS latest labelled)."""
+    best = running_best(rows, goal)
+    steps = [(i, b) for i, b in enumerate(best) if b is not None]
+    if steps:
+        ax.step(*zip(*steps), where="post", color="tab:green", linewidth=1.8, label="running best", zorder=3)
+    if steps and band:
+        xs, ys = [*(x for x, _ in steps), steps[-1][0] + 0.5], [*(y for _, y in steps), steps[-1][1]]
+        sign = -1 if goal == "min" else 1
+        ax.fill_between(xs, ys, [y + sign * band for y in ys], step="post", color="tab:green", alpha=0.15,
+                        label=band_words, zorder=1)
+    if rows and has_metric(rows[0]):
+        ax.scatter([0], [rows[0].metric], s=60, marker="D", color="black", label="baseline", zorder=4)
+    kept = [(i, r) for i, r in enumerate(rows) if i and r.status == "keep" and has_metric(r)]
+    if kept:
+        ax.scatter([i for i, _ in kept], [r.metric for _, r in kept], s=46, color="tab:green", edgecolor="black",
+                   linewidth=0.6, label="keep", zorder=4)
+    right = max(len(rows) - 1, 1)
+    for i, r in kept[-LABELS:]:   # labels lean inward near the right edge, so that none is cut off
+        lean = i > 0.75 * right
+        ax.annotate(plain(r.description[:32]), (i, r.metric), xytext=(-4 if lean else 4, 5),
+                    textcoords="offset points",
+                    fontsize=7, rotation=20, color="darkgreen", ha="right" if lean else "left",
+                    annotation_clip=True)
+
 
 def plot_curves(run, png, commits=None):
     """Draw the learning curves (train loss as train.py printed it against the share of the time budget) of the

@@ -7,7 +7,7 @@ kept, the printed line, MLflow, the dashboard. Another sink (a webhook, W&B) is 
 sink's failure must be its own warning, never a lost experiment.
 """
 
-from harness import console, gitops, ledger
+from harness import console, files, gitops, ledger
 from harness.judge import holdout
 from harness.propose import search
 from harness.record import dashboard, tracking
@@ -34,7 +34,7 @@ class Ledger(Sink):
     def on_record(self, s, event, result, context):
         gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
         s.expect_ref(gitops.NOTES_REF)
-        ledger.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
+        files.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
         for snap in s.live:
             snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from harness import console, gitops, ledger
+from harness import console, files, gitops, ledger
 from harness.judge import curves
 from harness.propose import memory
 from harness.errors import FIXES
@@ -99,7 +99,7 @@ def load():
     from mlflow.store.db import utils
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    ledger.route_library_logs()         # mlflow's own terminal handler, put there by its import: off
+    files.route_library_logs()         # mlflow's own terminal handler, put there by its import: off
     # MLflow tries a database that will not open 10 times over 100 s, at every experiment: twice is enough here
     utils.MAX_RETRY_COUNT = min(getattr(utils, "MAX_RETRY_COUNT", 2), 2)
     return mlflow

@@ -10,7 +10,7 @@ hundreds of MB): its version file is read with ast, the GPUs come from NVML (har
 /proc/cpuinfo. What a run actually saw is checked too: train.py's summary prints `device:` and `threads:`
 (summary_mismatch). Never raises: what cannot be told is None.
 
-It never writes anything (harness.tag.session logs the events) and never decides a verdict.
+It never writes anything (harness.tag.opening logs the events) and never decides a verdict.
 """
 
 import ast

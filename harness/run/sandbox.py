@@ -9,9 +9,9 @@ The view is built up from nothing, never "everything minus a list". A sandboxed 
 - the system: the system's own folders of /usr (USR, USR_LOCAL: never /usr whole, where images put applications
   and caches), the /bin, /lib, ... beside it, a short list of /etc files (ETC), the hardware parts of /sys, a minimal
   /dev with its own GPU's device nodes, a /proc of its own PID namespace; a git repository, a data cache or a hub
-  cache found inside those system folders is hidden (foreign_trees);
+  cache found inside those system folders is hidden (view.foreign_trees);
 - the Python environment (the venv, its base interpreter, their site-packages, library folders), read-only; a
-  folder that holds a home directory is never bound whole, only what a prefix or library folder needs (narrow);
+  folder that holds a home directory is never bound whole, only what a prefix or library folder needs (view.narrow);
 - what the target declares it reads (prepare.py --frozen-inputs: "train_reads" for train.py, "eval_reads" for the
   evaluator: the GRPO base model's pinned snapshot is one; no other model of the Hugging Face cache), read-only,
   with the evaluator-only files hidden from train.py even inside those;
@@ -29,13 +29,13 @@ that inside, as whoever runs the harness (root included), before any run counts 
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from harness.run import view
 from harness.run.runner import interpreter
 
 PROTECTIONS = (
@@ -77,32 +77,6 @@ SECCOMP_REFUSED = (
 # clone() flags that make a namespace (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): refused
 CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 
-# Credential stores in the home directory: outside the view anyway; hidden as well should a declared or environment
-# path contain one (what train.py reads can come back in its log tail, which goes to the LLM's fix prompt).
-CREDENTIALS = ("~/.netrc", "~/.git-credentials", "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.kube",
-               "~/.docker/config.json", "~/.config/gcloud", "~/.config/gh", "~/.cache/huggingface/token",
-               "~/.huggingface/token", "~/.kaggle", "~/.pypirc", "~/.npmrc", "~/.config/anthropic", "~/.config/openai")
-
-# The system part of the view. /bin, /lib, ... are symlinks into /usr on a merged-/usr system (made so inside too).
-# Of /usr only the system's own folders: /usr/src is the official Python images' WORKDIR (/usr/src/app), and
-# /usr/local/share, /usr/local/src and the like are where admins put shared checkouts and caches (a hostile test
-# read a second clone's val split and kept weights there). /usr/local keeps what a Python built from source or the
-# CUDA toolkit installs there.
-SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libexec", "include", "share")
-USR_LOCAL = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "include", "cuda", "cuda-*", "nvidia")
-# A folder the environment names that holds a home directory, or a prefix or library folder inside one, is bound only
-# in the parts its role needs: a Python prefix (PREFIX), CUDA_HOME (CUDA), a library folder its shared libraries
-# alone; any other folder holding a home the union (NEEDED). Never the credentials every tool keeps in a home
-# (~/.claude, ~/.codex, ...: a deny-list would fail open for the tools it does not name).
-PREFIX = ("bin", "lib", "lib64", "include", "pyvenv.cfg")
-CUDA = ("bin", "lib", "lib64", "include", "nvvm", "targets")
-NEEDED = tuple(sorted({*PREFIX, *CUDA}))
-# The folders of /usr whose entries the package manager records: an entry no package installed (a checkout, a copy of
-# the data, a system user's home such as /usr/share/ollama) is no system's, and hidden (packaged()).
-PACKAGED = ("share", "lib", "lib32", "lib64", "libx32", "libexec", "include")
-DPKG_INFO = Path("/var/lib/dpkg/info")
-SHARED_LIBRARY = re.compile(r"\.so(\.[\d.]+)?$")
 # /etc: what the dynamic linker, the C library, compilers (torch.compile, Triton) and Python read; no shadow files,
 # no ssh host keys, no private TLS keys.
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
@@ -132,66 +106,6 @@ NOBODY = 65534
 # argv: FILTER_HEX BWRAP_ARGV..., where "{seccomp}" becomes the pipe's descriptor.
 _LAUNCH = ("import os,sys\nr,w=os.pipe()\nos.write(w,bytes.fromhex(sys.argv[1]))\nos.close(w)\n"
            "os.set_inheritable(r,True)\na=[str(r) if x=='{seccomp}' else x for x in sys.argv[2:]]\nos.execv(a[0],a)\n")
-
-
-def credential_paths():
-    """The CREDENTIALS that exist here, expanded."""
-    return [p for p in (Path(c).expanduser() for c in CREDENTIALS) if p.exists()]
-
-
-def environment():
-    """The Python environment a run needs, read-only: the prefixes of this interpreter and of its base (a venv's
-    python is a link to it), their standard library and site-packages and the targets of links at their top level (a
-    uv cache in symlink mode), existing LD_LIBRARY_PATH and CUDA_HOME folders, each narrowed to what its role needs
-    where it holds a home directory or lies in one (narrow). A list of Paths. No model of the Hugging Face cache: a
-    target declares the ones it reads."""
-    import site
-    import sysconfig
-    folders = {*site.getsitepackages(), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
-    for folder in site.getsitepackages():
-        try:
-            folders.update(str(Path(e.path).resolve()) for e in os.scandir(folder) if e.is_symlink())
-        except OSError:
-            pass
-    if os.environ.get("UV_LINK_MODE") == "symlink":
-        folders.add(os.environ.get("UV_CACHE_DIR") or str(Path("~/.cache/uv").expanduser()))
-    roles = [(p, NEEDED, False) for p in folders]
-    roles += [(p, PREFIX, True) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)]
-    roles += [(p, (), True) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")]
-    roles += [(os.environ.get("CUDA_HOME", ""), CUDA, True)]
-    found = {part for p, needed, inside in roles if os.path.isabs(p) and Path(p).exists()
-             for part in narrow(Path(p), needed, inside)}
-    return sorted(found)
-
-
-def homes():
-    """The home directories here (resolved): yours ($HOME), root's, each folder of /home and every account's in
-    /etc/passwd (a service's home such as /usr/share/ollama holds its keys), but none that is or holds a folder of
-    the system (daemon's /usr/sbin, a home of /). Every tool keeps its credentials in one."""
-    import pwd
-    found = {Path.home(), Path("/root")}
-    try:
-        found.update(p for p in Path("/home").iterdir() if p.is_dir())
-        found.update(Path(e.pw_dir) for e in pwd.getpwall() if e.pw_dir.startswith("/"))
-    except OSError:
-        pass
-    system = [root for root, link in system_view() if link is None] + [Path(p) for p in ("/dev", "/proc", "/sys")]
-    return sorted({p.resolve() for p in found if p.is_dir() and not any(r.is_relative_to(p.resolve()) or
-                                                                        p.resolve() == r for r in system)})
-
-
-def narrow(path, needed=NEEDED, inside=False):
-    """What of folder `path` is bound when it holds a home directory (it is one, or one lies inside it) or, with
-    inside, lies in one: its `needed` parts and the shared libraries right in it (what the dynamic linker reads from
-    an LD_LIBRARY_PATH folder; a link only to another shared library), never the rest; [path] otherwise."""
-    real = path.resolve()
-    if not any(home.is_relative_to(real) or inside and real.is_relative_to(home) for home in homes()):
-        return [path]
-    try:
-        return sorted(e for e in path.iterdir() if e.name in needed or SHARED_LIBRARY.search(e.name) and e.is_file()
-                      and SHARED_LIBRARY.search(e.resolve().name))
-    except OSError:
-        return []
 
 
 def train_reads(inputs):
@@ -242,22 +156,7 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
         raise TypeError("wrap takes argv as a list, never a shell string")
     confine = confinement() if _confine is None else _confine
     run_dir = Path(run_dir).resolve(strict=True) if run_dir is not None else None
-    mounts, links = {}, {}
-    hidden = [Path(p).resolve() for p in (*hide, *credential_paths())]
-    # a foreign tree first, so that what the target declares inside it (its own data cache) is readable again
-    for kind, paths in (("hide", foreign_trees()), ("ro", [*environment(), *expose]), ("hide", hidden),
-                        ("rw", [run_dir] if run_dir else [])):
-        for given in paths:
-            path = Path(given).resolve()
-            if not path.exists() or path == Path("/") or kind == "ro" and (_in_system(path) and not any(
-                    path.is_relative_to(h) for h in [*hidden, *foreign_trees()]) or _holds_system(path)):
-                continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr, CUDA_HOME=/usr,
-                #                                      a venv of the system's Python (prefix /usr): there already
-            named = Path(os.path.abspath(Path(given).expanduser()))
-            for part in narrow(path) if kind == "ro" else [path]:     # never a home directory whole
-                mounts[part] = kind                  # the later kind wins: hidden over readable, the run dir over all
-                if kind == "ro" and named != path and not _in_system(named):
-                    links[named / part.relative_to(path)] = part
+    mounts, links = _mounts(run_dir, expose, hide)
     args = ["bwrap", *_namespaces(confine), *_system()]
     if scratch_bytes is not None:       # each private tmpfs sized (bwrap's --size applies to the next --tmpfs)
         for at in reversed([i for i, x in enumerate(args) if x == "--tmpfs" and args[i + 1] in ("/tmp", "/var/tmp")]):
@@ -271,7 +170,7 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
             args += ["--bind", str(path), str(path)]
         elif kind == "ro":
             args += ["--ro-bind", str(path), str(path)]
-        elif not _in_system(path) and not any(path.is_relative_to(p) for p, k in mounts.items()
+        elif not view.in_system(path) and not any(path.is_relative_to(p) for p, k in mounts.items()
                                               if k != "hide" and p != path):
             continue                                 # inside nothing visible: out of the view already
         elif path.is_dir():
@@ -300,100 +199,27 @@ def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes
             *args[1:at], "--seccomp", "{seccomp}", *args[at:]]
 
 
-def _holds_system(path):
-    """Whether path holds a folder of the system part of the view (/usr, /usr/local): what a run needs of it is there
-    already, and binding it whole would show what the view leaves out (/usr/src, /usr/local/share)."""
-    return any(root.is_relative_to(path) for root, link in system_view() if link is None)
-
-
-def _in_system(path):
-    """Whether path lies in the system part of the view (a folder of system_view() bound as a folder, not a link)."""
-    return any(path.is_relative_to(root) for root, link in system_view() if link is None)
-
-
-@functools.cache
-def system_view():
-    """[(path, None: bound read-only | the target of the symbolic link made there)] of the system part of the view:
-    SYSTEM, /usr's USR and /usr/local's USR_LOCAL (globs) where they exist. Read once a process."""
-    names = [Path(n) for n in SYSTEM] + [Path("/usr", n) for n in USR]
-    names += sorted(p for pattern in USR_LOCAL for p in Path("/usr/local").glob(pattern))
-    return [(p, os.readlink(p) if p.is_symlink() else None) for p in names if p.is_symlink() or p.is_dir()]
-
-
-# What marks a tree that is no system's inside a system folder: a git repository (a work tree holds .git, a bare one
-# HEAD, objects and refs), a data cache of a target (prepared.json: prepare.py's record), a Hugging Face cache's
-# model or dataset repository.
-def _foreign(folder, names):
-    return ".git" in names or "prepared.json" in names or {"HEAD", "objects", "refs"} <= names or \
-        folder.name.startswith(("models--", "datasets--"))
-
-
-def _holds_or_in(path, folders):
-    return any(path.is_relative_to(f) or f.is_relative_to(path) for f in folders)
-
-
-@functools.cache
-def linker_folders():
-    """The folders the dynamic linker is configured to search (/etc/ld.so.conf and the files it includes:
-    /usr/lib/wsl/lib on WSL, a driver's folder): never hidden as no system's, whoever installed them. Paths; read
-    once a process."""
-    found, files = [], [Path("/etc/ld.so.conf"), *sorted(Path("/etc/ld.so.conf.d").glob("*.conf"))]
-    for conf in files:
-        try:
-            found += [Path(line.strip()) for line in conf.read_text(errors="replace").splitlines()
-                      if line.strip().startswith("/")]
-        except OSError:
-            pass
-    return found
-
-
-@functools.cache
-def packaged():
-    """The entries of /usr's PACKAGED folders that a package installed ({"/usr/share/doc", ...}: dpkg's file lists;
-    a merged-/usr system records /lib/x for /usr/lib/x), or None where there is no dpkg database (then only the
-    marks of _foreign find what is no system's). Read once a process (about 0.4 s for 800 packages)."""
-    if not DPKG_INFO.is_dir():
-        return None
-    found = set()
-    for listing in DPKG_INFO.glob("*.list"):
-        try:
-            lines = listing.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split("/", 4)
-            if len(parts) >= 4 and parts[1] == "usr":
-                found.add(f"/usr/{parts[2]}/{parts[3]}")
-            elif len(parts) >= 3 and parts[1].startswith("lib"):
-                found.add(f"/usr/{parts[1]}/{parts[2]}")
-    return found
-
-
-@functools.cache
-def foreign_trees():
-    """What lies inside the system part of the view and is no system's, hidden in every view: an entry of /usr's
-    PACKAGED folders that no package installed (packaged(); a link aside: update-alternatives makes some, and what
-    it points to is in view or not by itself; a shared library and a folder of the dynamic linker's aside: a driver's
-    installer puts them there), a home of an account inside a system folder, and any
-    folder with the marks of _foreign (another clone of a project, a data cache, hub models someone put under
-    /usr/local/lib). Walked once a process (about half a second for 15,000 folders), links not followed."""
-    roots = [root for root, link in system_view() if link is None]
-    found = [h for h in homes() if any(h.is_relative_to(r) and h != r for r in roots)]
-    owned = packaged()
-    for root in roots if owned is not None else ():
-        if root.parent == Path("/usr") and root.name in PACKAGED:
-            try:
-                found += sorted(e for e in root.iterdir() if str(e) not in owned and not e.is_symlink()
-                                and not SHARED_LIBRARY.search(e.name) and not _holds_or_in(e, linker_folders()))
-            except OSError:
-                pass
-    for root in roots:
-        for top, dirs, files in os.walk(root, onerror=lambda e: None):
-            here = Path(top)
-            if here in found or _foreign(here, {*dirs, *files}):
-                found.append(here)
-                dirs[:] = []
-    return sorted(set(found))
+def _mounts(run_dir, expose, hide):
+    """What wrap binds, as ({path: "ro" | "rw" | "hide"}, {a name reached through a link: the path it names}): the
+    foreign trees hidden, the environment and `expose` readable (each narrowed: view.narrow), `hide` and the
+    credentials hidden, run_dir (resolved, or None) writable; the later kind wins for one path."""
+    mounts, links = {}, {}
+    hidden = [Path(p).resolve() for p in (*hide, *view.credential_paths())]
+    # a foreign tree first, so that what the target declares inside it (its own data cache) is readable again
+    for kind, paths in (("hide", view.foreign_trees()), ("ro", [*view.environment(), *expose]), ("hide", hidden),
+                        ("rw", [run_dir] if run_dir else [])):
+        for given in paths:
+            path = Path(given).resolve()
+            if not path.exists() or path == Path("/") or kind == "ro" and (view.in_system(path) and not any(
+                    path.is_relative_to(h) for h in [*hidden, *view.foreign_trees()]) or view.holds_system(path)):
+                continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr, CUDA_HOME=/usr,
+                #                                      a venv of the system's Python (prefix /usr): there already
+            named = Path(os.path.abspath(Path(given).expanduser()))
+            for part in view.narrow(path) if kind == "ro" else [path]:     # never a home directory whole
+                mounts[part] = kind                  # the later kind wins: hidden over readable, the run dir over all
+                if kind == "ro" and named != path and not view.in_system(named):
+                    links[named / part.relative_to(path)] = part
+    return mounts, links
 
 
 def _namespaces(confine):
@@ -410,9 +236,9 @@ def _namespaces(confine):
 
 
 def _system():
-    """The system part of the view: system_view(), ETC, SYS, /dev, /proc, private /tmp."""
+    """The system part of the view: view.system_view(), ETC, SYS, /dev, /proc, private /tmp."""
     args = []
-    for path, link in system_view():
+    for path, link in view.system_view():
         args += ["--symlink", link, str(path)] if link is not None else ["--ro-bind", str(path), str(path)]
     for name in ETC:
         path = Path("/etc") / name

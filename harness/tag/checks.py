@@ -7,7 +7,7 @@ agent.py will not touch: it never stashes, resets or deletes your work. Read-onl
 import re
 from pathlib import Path
 
-from harness import gitops, ledger
+from harness import files, gitops, ledger
 from harness.propose.edits import fingerprint
 from harness.errors import SetupError
 from harness.propose.providers import price_key
@@ -22,18 +22,18 @@ def one_target(s):
                          " of this repository; pick another --tag for this target")
 
 
-def regular_records(files, folders, stores=()):
-    """The loop's records (files) are absent or regular files with one name, its folders absent or folders, and the
+def regular_records(paths, folders, stores=()):
+    """The loop's records (paths) are absent or regular files with one name, its folders absent or folders, and the
     stores a library writes (an MLflow SQLite file, whose other failures are warnings) no link: a link planted at
-    any of them would take the writes (ledger.record_problem)."""
+    any of them would take the writes (files.record_problem)."""
     for path in folders:
-        problem = ledger.folder_problem(path)
+        problem = files.folder_problem(path)
         if problem:
-            raise SetupError(ledger.record_refusal(path, problem))
-    for path in [*files, *stores]:
-        problem = ledger.record_problem(path)
-        if problem and (path in files or "link" in problem):
-            raise SetupError(ledger.record_refusal(path, problem))
+            raise SetupError(files.record_refusal(path, problem))
+    for path in [*paths, *stores]:
+        problem = files.record_problem(path)
+        if problem and (path in paths or "link" in problem):
+            raise SetupError(files.record_refusal(path, problem))
 
 
 def numbered(s):
@@ -53,8 +53,8 @@ def readable(s):
     be readable from git, each object's content matching its hash (a disk fault or a killed `git gc` can damage
     objects): the resume compares new ideas with them, builds on the best and exports them. A kept one (the best and
     what it was built on, the frozen files they share) stops the start, named; a discarded or crashed one is only
-    compared with new ideas: it is left out of the comparisons (s.unreadable) and the start goes on. Fills s.blobs
-    and s.prints (the duplicate checks' caches). Returns {n: what git said} of the unreadable ones, for the caller to
+    compared with new ideas: it is left out of the comparisons (s.cache.unreadable) and the start goes on. Fills s.cache.blobs
+    and s.cache.prints (the duplicate checks' caches). Returns {n: what git said} of the unreadable ones, for the caller to
     record once the start is accepted."""
     content, unreadable = {}, {}        # content: binsha -> verified bytes (an object shared is read once)
 
@@ -71,8 +71,8 @@ def readable(s):
                     tree = check(tree / part)
                 blob = check(tree / Path(rel).name)
                 if rel == s.train_rel:
-                    s.prints[e["n"]] = fingerprint(content[blob.binsha].decode("utf-8", "replace"))
-                    s.blobs[e["n"]] = blob.hexsha
+                    s.cache.prints[e["n"]] = fingerprint(content[blob.binsha].decode("utf-8", "replace"))
+                    s.cache.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
             said = " ".join(re.sub(r"b'([^']*)'", r"\1", str(err)).split())[:160]   # GitPython's SHAs as text
         else:
@@ -82,15 +82,15 @@ def readable(s):
         s.repo.git.clear_cache()
         if e.get("status") != "keep":
             unreadable[e["n"]] = said
-            s.prints.pop(e["n"], None)
-            s.blobs.pop(e["n"], None)
+            s.cache.prints.pop(e["n"], None)
+            s.cache.blobs.pop(e["n"], None)
             continue
         raise SetupError(f"git cannot read the commit, train.py or a frozen file of experiment #{e['n']} "
                          f"({e['commit']}: {said}) of tag {s.settings.tag!r}: objects in "
                          f"{gitops.git_dir(s.repo)}/objects are missing or damaged. `git fsck` names them; restore "
                          "them from a backup or a clone that has them, or start a new --tag. Nothing was changed: "
                          f"{ledger.RESULTS} and {ledger.EVENTS} are as they were")
-    s.unreadable = set(unreadable)
+    s.cache.unreadable = set(unreadable)
     return unreadable
 
 

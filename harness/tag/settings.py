@@ -84,6 +84,17 @@ def parse(argv):
 
 def parse_args(argv):
     """The command line (see --help); picks the default proposer and model. Exits 2 on bad flags."""
+    p = loop_parser()
+    args = p.parse_args(argv)
+    args.command = "loop"
+    check_common(p, args)
+    check_loop(p, args)
+    return args
+
+
+def loop_parser():
+    """The loop's argparse parser: who proposes and the limits, the flags `try` shares (add_common_flags), where the
+    runs go (add_placement_flags), the memory (add_memory_flags), the seed and the retry delay."""
     p = argparse.ArgumentParser(
         prog="agent.py",
         description="The overnight research loop: propose an edit to train.py, commit it on autoresearch/<tag>, "
@@ -114,6 +125,17 @@ def parse_args(argv):
                    "this long")
     p.add_argument("--max-cost-usd", type=number(0), help="stop once the tag's LLM spend reaches this many dollars")
     add_common_flags(p)
+    add_placement_flags(p)
+    add_memory_flags(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of the samplers and --proposer random (default 0)")
+    p.add_argument("--retry-base-delay", type=number(0, above=True), default=2.0, help="first backoff in seconds "
+                   f"after a transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried "
+                   "forever")
+    return p
+
+
+def add_placement_flags(p):
+    """Where the runs go: --devices, --ray, --no-speculate, --no-holdout."""
     p.add_argument("--devices", metavar="SPEC", help="run experiments on several devices at once: CUDA indices "
                    "(e.g. 0,1,2,3: one run per GPU) or cpu:K (K CPU workers sharing this machine's threads). Default: "
                    "one run at a time on this machine as it is")
@@ -125,6 +147,10 @@ def parse_args(argv):
                    "(default: while a candidate trains, the next idea is already asked for)")
     p.add_argument("--no-holdout", action="store_true", help="at the stop, skip re-scoring the baseline and the "
                    "best on the hidden holdout split (a few minutes on a CPU; `report.py --holdout` does it later)")
+
+
+def add_memory_flags(p):
+    """The LLM proposers' memory and outer loop: --tabu, --explore, --outer-every."""
     p.add_argument("--tabu", type=number(0, int), metavar="T", help="refuse a proposal that repeats the change of one "
                    f"of the last T discarded or crashed experiments (a constant moved the same way, the same functions "
                    f"edited; the opposite direction is allowed), before any run (default {memory.TENURE}, kept for "
@@ -136,13 +162,12 @@ def parse_args(argv):
                    "experiments freeze families tried 3 times without a keep and ask the LLM for guidance; every "
                    "second time also for a search mechanism (a Python module run in the sandbox that reviews "
                    "proposals), validated on the trace before it is activated. Off by default; an LLM proposer only")
-    p.add_argument("--seed", type=int, default=0, help="seed of the samplers and --proposer random (default 0)")
-    p.add_argument("--retry-base-delay", type=number(0, above=True), default=2.0, help="first backoff in seconds "
-                   f"after a transient LLM error (default 2); it doubles per retry up to {RETRY_CAP_S:.0f}s, retried "
-                   "forever")
-    args = p.parse_args(argv)
-    args.command = "loop"
-    check_common(p, args)
+
+
+def check_loop(p, args):
+    """The loop's flags checked together and their defaults filled in: the proposer (an LLM whose key is set, else
+    tpe: args.chosen says why), hybrid's and the memory's flags only where they apply, --devices or --ray, the
+    model. Exits 2 (p.error) naming the conflict."""
     llm = providers.detect(os.environ, args.base_url)
     args.chosen = ""
     if args.proposer is None:
@@ -171,9 +196,6 @@ def parse_args(argv):
         p.error(str(e))
     if args.model is None and args.llm in PROVIDERS:
         args.model = PROVIDERS[args.llm].default_model
-    return args
-
-
 
 
 def parse_try_args(argv):

@@ -1,0 +1,216 @@
+"""
+HARNESS: the processes of a run. One argv in its own process group and session, its stdout and stderr into a log
+opened under a name the run cannot read back, ticked about once a second, killed as a group on its timeout, on any
+exception (Ctrl-C, a cancel) and at its end, with every stray it detached (this process is their subreaper) found by
+the run's token and killed too; and the group a killed agent left behind, killed on the next start. It never reads
+what a run printed (harness.run.runner does).
+"""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from harness import files
+
+RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
+_LIVE, _LIVE_LOCK = set(), threading.Lock()   # the tokens of the runs in flight in this process
+KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
+
+
+class Cancelled(Exception):
+    """Raised from a training run's tick when its curves.Watcher says stop: run_process kills the group."""
+
+    def __init__(self, cancel, elapsed):
+        super().__init__(cancel.words())
+        self.cancel, self.elapsed = cancel, elapsed
+
+
+
+def open_unnamed(path, append=False):
+    """The log at path, opened for appending (emptied first unless append) through a second name of random hex that is
+    removed at once: a run reads its stdout's name from /proc/self/fd/1, and the log's name (0007-0-r1-best.log) would
+    tell it the experiment, the run and whether it is the best re-run for a successor's pairs (a hostile review: a
+    kept train.py that threw its own re-runs moved the ratchet backwards). Returns the binary file object."""
+    path = Path(path)
+    with files.open_record(path, "ab" if append else "wb"):   # never through a link planted at the log's name
+        pass
+    other = path.with_name(f".{secrets.token_hex(8)}")
+    try:
+        os.link(path, other)        # a new name (EEXIST otherwise) for the regular file just checked
+    except OSError:                 # a filesystem without hard links: the log under its own name, as before
+        return files.open_record(path, "ab")
+    try:
+        return open(other, "ab")
+    finally:
+        os.unlink(other)
+
+
+def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=False, peak=None):
+    """Run argv in cwd in its own process group, stdout+stderr -> log_path. On timeout and on any exception
+    (Ctrl-C) the whole group is killed; so are stray children of a run that exited. With peak (a usage.Peak), its
+    process tree is sampled about once a second and the leader's rusage added when it is reaped. Returns (returncode
+    or None on timeout, seconds, timed_out)."""
+    t0 = time.monotonic()
+    ours = children()                       # anything else that turns up as our child afterwards is the run's
+    token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
+    with _LIVE_LOCK:
+        _LIVE.add(token)
+    with open_unnamed(log_path, append) as log:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**env, RUN_TOKEN: token}, start_new_session=True)
+        try:
+            on_start(proc.pid)
+            while True:
+                elapsed = time.monotonic() - t0
+                if elapsed >= timeout:
+                    kill_group(proc.pid, proc)
+                    killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
+                    return None, time.monotonic() - t0, True
+                on_tick(elapsed)
+                if peak is not None:
+                    peak.sample(proc.pid, f"{RUN_TOKEN}={token}".encode())
+                try:
+                    rc = wait(proc, min(1.0, timeout - elapsed), peak)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+        except BaseException as e:
+            kill_group(proc.pid, proc)
+            kill_strays(ours, token)
+            killed(log, time.monotonic() - t0, "cancelled early: its learning curve fell behind the best's"
+                   if isinstance(e, Cancelled) else "the harness was interrupted (Ctrl-C or SIGTERM)")
+            raise
+    seconds = time.monotonic() - t0
+    kill_group(proc.pid, proc)
+    kill_strays(ours, token)
+    return rc, seconds, False
+
+
+def killed(log, seconds, why):
+    """The last line of a run's log (log: its binary file object) when the harness killed the run: why, and after
+    how long, so that a log cut mid-step is not read as a crash of its own."""
+    try:
+        log.write(f"\n=== killed by the harness after {seconds:.0f}s: {why} ===\n".encode())
+        log.flush()
+    except OSError:                 # a full disk: the kill itself is what matters
+        pass
+
+
+def wait(proc, timeout, peak=None):
+    """proc.wait(timeout) (raises subprocess.TimeoutExpired), but with peak the leader is reaped by os.wait4 (polled
+    as Popen.wait polls) so that its rusage joins peak; proc.returncode is then set as Popen sets it."""
+    if peak is None or not hasattr(os, "wait4"):
+        return proc.wait(timeout=timeout)
+    deadline, delay = time.monotonic() + timeout, 0.0005
+    while proc.returncode is None:
+        try:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:           # reaped elsewhere: Popen knows its return code (or says 0, as it does)
+            return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if pid == proc.pid:
+            peak.reaped(rusage)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(min(delay, left, 0.05))
+        delay *= 2
+    return proc.returncode
+
+
+def become_subreaper():
+    """Linux: make this process the subreaper of everything it starts, so that a process a run detaches from its
+    process group (double fork + setsid, which kill_group cannot reach) is re-parented to us, not to init, and
+    kill_strays finds it. Returns False where that is not possible (then such a process outlives the run)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def children():
+    """The pids whose parent is this process (read from /proc; empty where there is no /proc)."""
+    found, me = set(), os.getpid()
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(entry.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def kill_strays(ours, token):
+    """SIGKILL and reap every child of ours that was not one before the run and is the run's: a detached descendant
+    re-parented to us (become_subreaper), known by this run's token in its environment, or, having none of a run in
+    flight, by its session (a run starts a session of its own; git and whatever else this process starts meanwhile
+    share ours, and another run's processes carry that run's token). Only those pids are waited for."""
+    with _LIVE_LOCK:
+        _LIVE.discard(token)
+    for _ in range(3):                      # a stray may fork while we look: look again
+        found = children() - ours
+        with _LIVE_LOCK:                    # read after the scan: a run's token is live before its first process
+            others = set(_LIVE)
+        strays = {pid for pid in found if _stray(pid, token, others)}
+        if not strays:
+            return
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _stray(pid, token, others):
+    """Whether our child pid belongs to the run with this token (see kill_strays)."""
+    try:
+        env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                   if b"=" in item)
+        theirs = env.get(RUN_TOKEN.encode(), b"").decode()
+        if theirs:
+            return theirs == token or theirs not in others
+        return os.getsid(pid) != os.getsid(0)
+    except (OSError, ValueError):
+        return False
+
+
+def kill_group(pgid, proc=None):
+    """SIGTERM the process group, SIGKILL it after KILL_GRACE_S, and wait (up to the grace) until it is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + KILL_GRACE_S
+        while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()                  # reap the leader, else it stays a zombie member of the group
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+
+
+def kill_stale_run(pgid, cwd):
+    """Kill the training process group a killed agent left running, if its leader is still train.py in cwd
+    (checked in /proc, so that a reused pid is never hit)."""
+    try:
+        leader_cwd = os.readlink(f"/proc/{pgid}/cwd")
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
+        ours = Path(leader_cwd) == Path(cwd) and b"train.py" in cmdline and os.getpgid(pgid) == pgid
+    except OSError:
+        return
+    if ours:
+        kill_group(pgid)
