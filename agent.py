@@ -5,19 +5,19 @@ in the morning.
     uv run agent.py --tag nov30                        # LLM proposer (ANTHROPIC_API_KEY or OPENAI_API_KEY)
     uv run agent.py --tag nov30 --proposer random      # no API key: random hyperparameter perturbations
     uv run agent.py --tag nov30 --target grpo          # another target: a dir with program.md, prepare.py, train.py
-    uv run agent.py try --tag nov30 -m "idea"          # one experiment for Claude Code / Codex (harness/propose/external.py)
+    uv run agent.py try --tag nov30 -m "idea"          # one experiment for Claude Code / Codex (propose/external)
     uv run agent.py --help                             # every flag
 
 This file is the loop and its rules; research_loop() is program.md's LOOP FOREVER, with every device busy:
     propose     ask for ideas while candidates train (speculation), N different ones in one call when N devices are
-                free: an answer -> search/replace edits to train.py, repaired at most MAX_REPAIRS times (harness/ideas)
+                free: an answer -> search/replace edits to train.py, repaired <= MAX_REPAIRS times (propose/ideas)
     commit      a free device takes the next idea: a candidate commit on the best (re-applied if the best moved)
-    run         on its device: train with a hard timeout, evaluate separately (harness/experiment, harness/backends)
-    judge       keep if it beats the best it was built on by the margin, confirmed (harness/verdict)
+    run         on its device: train with a hard timeout, evaluate separately (record/experiment, run/backends)
+    judge       keep if it beats the best it was built on by the margin, confirmed (judge/verdict)
     record      in experiment order, one at a time: one event, one results.tsv row, one git note
     keep        a kept candidate becomes the branch tip (update-ref); nothing else ever moves the branch
 Every run is hermetic and sandboxed where bubblewrap works; your checkout is never switched or reset. agent.py
-never imports prepare.py or train.py. The map of harness/ is in docs/architecture.md.
+never imports prepare.py or train.py. The map of harness/ (paths above: under it) is in docs/architecture.md.
 """
 
 import os
@@ -103,7 +103,8 @@ def research_loop(s, loop):
 
 
 def propose(s, loop, k):
-    """Ask for k ideas (harness.propose.ideas); an iteration with no usable answer counts as a failure for the breaker."""
+    """Ask for k ideas (harness.propose.ideas); an iteration with no usable answer counts as a failure for the
+    breaker."""
     if not ideas.propose(s, loop.backlog, loop.assigned, loop.running(), k):
         loop.failures.append(True)
 
@@ -203,7 +204,7 @@ def research_main(s, proposer, constants):
     """The loop's own setup (the proposer, its prompts and check, the preflight, the devices), then research_loop
     until a limit. Returns 0."""
     a, target, devices = s.settings, s.target, s.devices
-    search.attach(s, proposer)          # the profile it edits; a sampler's study (harness/search)
+    search.attach(s, proposer)          # the profile it edits; a sampler's study (propose/search)
     proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
     system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
                                   frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))

@@ -1,8 +1,8 @@
 """
 HARNESS: review a run. Reads a target's results.tsv (and its events.jsonl when present), prints a summary
 (counts by status, baseline, best, improvement, success rate, the kept commits, time and cost) and writes
-progress.png. The analysis is harness/record/analysis.py and the figures harness/record/plots.py; this file is their command line
-and re-exports them, so analysis.ipynb (`import report`) and the terminal always agree.
+progress.png. The analysis is harness/record/analysis.py and the figures harness/record/plots.py; this file is their
+command line and re-exports them, so analysis.ipynb (`import report`) and the terminal always agree.
 
 Usage:
     uv run report.py                        # the target in this folder: ./results.tsv, ./events.jsonl

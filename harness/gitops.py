@@ -1,8 +1,8 @@
 """
 HARNESS: git. Owns the ratchet branch autoresearch/<tag> (moved by update-ref only), candidate commits (only
 train.py, made in the harness's own worktree, hooks respected), the candidate refs refs/autoresearch/<tag>/<n>-<sha7>,
-exports of a commit for a run, the record commits of search mechanisms, and the repository lock. It never switches, resets or writes the user's checkout,
-never passes --no-verify, and knows nothing of the ledger.
+exports of a commit for a run, the record commits of search mechanisms, and the repository lock. It never switches,
+resets or writes the user's checkout, never passes --no-verify, and knows nothing of the ledger.
 """
 
 import fcntl

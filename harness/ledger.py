@@ -140,7 +140,8 @@ def repair_last_line(path, complete):
     says it is whole (say, a row an editor saved without a newline) it gets its newline; otherwise it is a torn
     fragment and is cut off, so the next append does not continue it: a results.tsv row is re-derived from its
     event (opening.restore_outputs) and a cut event was never complete. complete gets the line's bytes (a cut can
-    split a UTF-8 character). Returns the fragment cut off ("" if none), for the caller to log, so nothing is lost without a trace."""
+    split a UTF-8 character). Returns the fragment cut off ("" if none), for the caller to log, so nothing is lost
+    without a trace."""
     path = Path(path)
     data = path.read_bytes() if path.is_file() else b""
     if not data or data.endswith(b"\n"):

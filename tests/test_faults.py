@@ -678,7 +678,7 @@ def test_a_tag_with_several_baseline_runs_resumes_and_results_moved_aside_come_b
     assert [e["n"] for e in events(target, "row_restored")] == [0, 1, 2]
 
 
-def test_plain_progress_lines_come_once_per_phase(target, capsys):
+def test_plain_progress_lines_come_once_per_phase(target, capsys, monkeypatch):
     """stdout not a terminal, speculation on (its throughput figures change every tick): one "training" line per
     run, not one per second."""
     slow = edit("slow", "SLEEP = 0.0", "SLEEP = 4.0")
@@ -693,7 +693,7 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys):
     assert any(p.startswith("run 1 of 1, evaluating") for p in phases)
     s = types.SimpleNamespace(budget=60.0, pool=None)
     said = []
-    s.status = lambda n, phase: said.append(phase)
+    monkeypatch.setattr(session, "status", lambda s, n, phase: said.append(phase))
     for elapsed in (30.0, 65.0):
         session.tick(s, 2, elapsed, None, "training", "run 1 of 3")
     assert said == ["run 1 of 3, training 0:30/1:00", "run 1 of 3, finishing 1:05 (past the 1:00 budget)"]

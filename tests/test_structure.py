@@ -99,7 +99,7 @@ def test_the_readers_select_by_kind_and_tag():
 
 def harness_imports():
     """{module of harness/: the harness modules and top-level scripts it imports}, at any depth (a function's lazy
-    import counts)."""
+    import counts); a subpackage imported whole (`from harness import record`) is named with a slash ("record/")."""
     scripts = {"agent", "report", "prepare", "train"}
     graph = {}
     for path in sorted((REPO / "harness").rglob("*.py")):
@@ -120,7 +120,7 @@ def harness_imports():
                     top = a.name.split(".")
                     found.add(top[-1] if top[0] == "harness" and len(top) > 1 else
                               top[0] + ".py" if top[0] in scripts else "")
-        graph[path.stem] = found - {"", path.stem, *PACKAGES}
+        graph[path.stem] = {f"{d}/" if d in PACKAGES else d for d in found} - {"", path.stem}
     return graph
 
 
@@ -157,7 +157,8 @@ def test_the_run_and_judging_packages_import_nothing_of_the_tag_proposing_or_rec
     tested and shipped to a node without the loop's state."""
     graph, where = harness_imports(), package_of()
     assert set(where.values()) == PACKAGES | {""} and where["runner"] == "run" and where["ledger"] == ""
-    upward = {m: sorted(d for d in deps if where.get(d) in {"tag", "propose", "record"})
+    above = {"tag", "propose", "record"}
+    upward = {m: sorted(d for d in deps if (d[:-1] if d.endswith("/") else where.get(d)) in above)
               for m, deps in graph.items() if where[m] in {"run", "judge"}}
     assert {m: d for m, d in upward.items() if d} == {}
 

@@ -350,7 +350,8 @@ class CancelRule(typing.Protocol):
         recorded curve up to the same point. May raise on a curve it cannot judge: the run is then not watched."""
 
     def why(self, cancel):
-        """The reason in a cancel's words (the LLM's history, the console), in the brackets after "at the same point"."""
+        """The reason in a cancel's words (the LLM's history, the console), in the brackets after "at the same
+        point"."""
 
     def words(self):
         """The rule in one sentence: --cancel's help and docs."""

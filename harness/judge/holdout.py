@@ -58,8 +58,8 @@ def holdout_summary(home, history, metric, goal, env=None, wrap=None):
     """One line comparing the gain the search reported on its own split with the gain on the hidden holdout split:
     the baseline's and the best's saved artifacts re-scored there (target.score_holdout). history: the tag's
     "experiment" events (the baseline is its latest, ledger.baseline_of: the current hardware's); env: the variables
-    pinned at tag start (pinned_env); wrap: (argv, artifact) -> argv, the evaluator's sandbox. Raises SetupError when it cannot be
-    measured (no artifacts, no holdout)."""
+    pinned at tag start (pinned_env); wrap: (argv, artifact) -> argv, the evaluator's sandbox. Raises SetupError when it
+    cannot be measured (no artifacts, no holdout)."""
     best, first = [e for e in history if e["status"] == "keep"][-1], baseline_of(history)   # this hardware's
     found = [next(iter(sorted((Path(home) / "artifacts").glob(f"{e['n']:04d}-*"))), None) for e in (first, best)]
     if None in found:

@@ -146,7 +146,7 @@ class Rule:
 
 def rule_of(goal, confirm, margin, baseline=None, runs=1, verdict="margin", false_keep=FALSE_KEEP):
     """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the verdict rule named `verdict` and its
-    false-keep rate (the tag's: settings_of(ledger.TagState.rule)), whose baseline's "experiment" event is `baseline`
+    false-keep rate (the tag's: settings_of(tagview.TagState.rule)), whose baseline's "experiment" event is `baseline`
     (its noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it. agent.py and
     report.py build a tag's rule here."""
     if baseline is None:
@@ -356,8 +356,8 @@ def judge_paired(first, run_again, rule, best_at, pooled=(0.0, 0)):
 class Best:
     """What a verdict rule may ask of the best a candidate was built on. metric: the mean of its runs; at(run,
     outcome, then=None) -> (metric | None, remeasured, reason): its metric at run's seed under the conditions of the
-    candidate's `outcome` (its recorded run, or run anew when the speed probes differ: harness.record.experiment; then: its
-    probe when known); probe() -> its mean speed probe (None: not measured); pooled() -> (sum of squared deviations,
+    candidate's `outcome` (its recorded run, or run anew when the speed probes differ: harness.record.experiment; then:
+    its probe when known); probe() -> its mean speed probe (None: not measured); pooled() -> (sum of squared deviations,
     degrees of freedom) of the tag's earlier paired verdicts (pooled_of)."""
     metric: float
     at: Callable
@@ -478,7 +478,7 @@ DEFAULT = "paired"                                  # a new tag's, unless --verd
 
 def settings_of(recorded):
     """rule_of's keyword arguments (confirm, margin, verdict, false_keep) from what a tag recorded (Rule.recorded(),
-    as ledger.TagState.rule reads it back; tags from before the paired rule: "margin"). Raises SetupError when the
+    as tagview.TagState.rule reads it back; tags from before the paired rule: "margin"). Raises SetupError when the
     tag's rule is not registered here."""
     name = recorded.get("verdict") or "margin"
     if name not in RULES:

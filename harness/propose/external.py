@@ -1,9 +1,9 @@
 """
 HARNESS: `agent.py try`, one experiment for an external coding agent (Claude Code, Codex) that follows program.md
 itself: the train.py in your checkout becomes a candidate with every guarantee of agent.py's loop (the same steps of
-harness.record.experiment and the same rule of harness.judge.verdict), then your checkout's train.py is the best commit's again.
---baseline measures the branch start, --fix amends the last crashed candidate, --sync brings the best's train.py.
-The verdict block it prints is key: value lines between '---' lines, like train.py's summary.
+harness.record.experiment and the same rule of harness.judge.verdict), then your checkout's train.py is the best
+commit's again. --baseline measures the branch start, --fix amends the last crashed candidate, --sync brings the best's
+train.py. The verdict block it prints is key: value lines between '---' lines, like train.py's summary.
 """
 
 import statistics

@@ -2,8 +2,8 @@
 HARNESS: proposing. Asks the proposer for ideas against the best train.py (k different ones in one call: a wave), turns
 each answer into a train.py through the SEARCH/REPLACE format, sends an unusable answer back with the exact error (at
 most MAX_REPAIRS times), refuses a train.py already measured or in flight, passes an LLM's idea through the gate
-(harness.propose.outer: the tabu, the outer loop's freezes, search mechanisms) and shows it the exploration section, and asks
-for a crashed candidate's fix. The ideas wait in a Backlog until a device takes them. It never trains and never
+(harness.propose.outer: the tabu, the outer loop's freezes, search mechanisms) and shows it the exploration section, and
+asks for a crashed candidate's fix. The ideas wait in a Backlog until a device takes them. It never trains and never
 judges.
 """
 

@@ -1,9 +1,9 @@
 """
-HARNESS: search mechanisms, the Python modules the outer loop's LLM writes (harness.propose.outer) to change how the search
-searches. Owns their interface (INTERFACE: the words the LLM reads), running one in its own process inside the
-sandbox (JSON in, JSON out, a time limit per call), validating it on the recorded trace before it is activated, and
-the checks on every answer, whose failure deactivates it. A mechanism is never imported into the harness: it cannot
-touch git, results.tsv or events.jsonl, read the data or an API key, or reach the network; it only answers.
+HARNESS: search mechanisms, the Python modules the outer loop's LLM writes (harness.propose.outer) to change how the
+search searches. Owns their interface (INTERFACE: the words the LLM reads), running one in its own process inside the
+sandbox (JSON in, JSON out, a time limit per call), validating it on the recorded trace before it is activated, and the
+checks on every answer, whose failure deactivates it. A mechanism is never imported into the harness: it cannot touch
+git, results.tsv or events.jsonl, read the data or an API key, or reach the network; it only answers.
 
     problem = validate(s, source)              # None: activate it; else why it is rejected
     answer = call(s, source, "review", ...)    # raises Failed (then it is deactivated, with an event and a line)

@@ -6,9 +6,9 @@ prompt's exploration section (section): the memory's families and bandit picks, 
 loop (--outer-every K, step): every K experiments it freezes families tried >= FREEZE_AFTER times with no keep and
 asks the LLM for guidance (the paper's Level 1.5); every second step it also asks, in four rounds (explore,
 critique, specify, generate), for a search mechanism (Level 2), which is committed under
-refs/autoresearch/<tag>/mechanisms/<id>, validated on the recorded trace and only then activated (harness.propose.mechanisms).
-A mechanism that fails is deactivated with an event and a line, never silently. Its state is rebuilt from the
-events on every start. Never trains, never judges, never moves a branch.
+refs/autoresearch/<tag>/mechanisms/<id>, validated on the recorded trace and only then activated
+(harness.propose.mechanisms). A mechanism that fails is deactivated with an event and a line, never silently. Its state
+is rebuilt from the events on every start. Never trains, never judges, never moves a branch.
 """
 
 import dataclasses

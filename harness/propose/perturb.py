@@ -1,8 +1,8 @@
 """
 HARNESS: the grid sweep, and the `if PROFILE == ...` branch of train.py that runs. `grid` moves one UPPER_CASE numeric
 constant one step from the best, each in turn, and answers in the LLM's own format, so its answers take the same path
-through edits.apply_answer (the samplers, harness.propose.search, read the same branch). Pure text in, text out: never touches
-files, git or the ledger.
+through edits.apply_answer (the samplers, harness.propose.search, read the same branch). Pure text in, text out: never
+touches files, git or the ledger.
 """
 
 import ast

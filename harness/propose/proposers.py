@@ -1,8 +1,8 @@
 """
 HARNESS: who proposes the next edit. One signature for all of them, Proposer.ask(system, messages, train_src, n)
 -> Reply: an LLM provider (harness.propose.providers: its calls retried there, its answers priced), a sampler
-(harness.propose.search) or the random/grid perturbations (harness.propose.perturb). Never sees git, the ledger or the training run;
-never logs or returns an API key.
+(harness.propose.search) or the random/grid perturbations (harness.propose.perturb). Never sees git, the ledger or the
+training run; never logs or returns an API key.
 """
 
 import dataclasses

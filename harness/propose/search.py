@@ -1,5 +1,5 @@
 """
-HARNESS: the numeric search. The search space over train.py's UPPER_CASE constants (harness.propose.space: derived
+HARNESS: the numeric search. The search space over train.py's UPPER_CASE constants (harness.propose.searchspace: derived
 from their values at the tag's start, or program.md's `## Search space`), one Optuna study per tag
 in <harness dir>/study.db told of every recorded experiment whoever proposed it, and a sampler's point (TPE, CMA-ES,
 random) written as a train.py edit of those constants only. events.jsonl is the source of truth: a study that is

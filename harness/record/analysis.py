@@ -1,8 +1,8 @@
 """
 HARNESS: the analysis of a run, read-only: a results.tsv and its events loaded (load_run -> Run), the summary and its
 text, the kept table, what the events say (spend, proposers, cancels, memory, throughput), the noise, the verdict's
-rule, the holdout, the hardware epochs. report.py prints it, analysis.ipynb and the dashboard read it, harness.record.plots
-draws it. Measures nothing, logs nothing, writes nothing.
+rule, the holdout, the hardware epochs. report.py prints it, analysis.ipynb and the dashboard read it,
+harness.record.plots draws it. Measures nothing, logs nothing, writes nothing.
 """
 
 import collections
@@ -232,9 +232,9 @@ def proposers_of(events, tag=None):
 
 
 def cancelled_of(events, tag=None):
-    """The line on the runs cancelled early (their curve behind the best's: harness.judge.curves), counted apart from the
-    other discards, with the device-seconds they did not train (budget x the share left at the cancel); "" when
-    none was."""
+    """The line on the runs cancelled early (their curve behind the best's: harness.judge.curves), counted apart from
+    the other discards, with the device-seconds they did not train (budget x the share left at the cancel); "" when none
+    was."""
     done = [e for e in experiment_events(events, tag) if e.get("cancelled")]
     if not done:
         return ""
@@ -246,9 +246,10 @@ def cancelled_of(events, tag=None):
 
 
 def memory_of(events, tag=None, goal="min"):
-    """The lines on the search's memory (harness/propose/memory.py, harness/propose/outer.py): the proposals refused before a run, by
-    rule, and each search mechanism the outer loop designed: activated or rejected, what it refused, the experiments
-    it shaped (proposed while it was active) with their keeps and best gain, where it is committed. [] when none."""
+    """The lines on the search's memory (harness/propose/memory.py, harness/propose/outer.py): the proposals refused
+    before a run, by rule, and each search mechanism the outer loop designed: activated or rejected, what it refused,
+    the experiments it shaped (proposed while it was active) with their keeps and best gain, where it is committed. []
+    when none."""
     mine = [e for e in events if tag is None or e.get("tag") == tag]
     refused = schema.of(mine, Event.REFUSED)
     lines = []
@@ -372,9 +373,9 @@ def curve_logs(run, commits=None):
 
 
 def curves_of(run, commits=None):
-    """{commit (7 hex): [harness.judge.curves.Curve of each of its runs]}: the curve kept beside each run's log (progress
-    0..1 of the budget, the smoothed train loss, tokens/s, as train.py printed them). commits: only these (None:
-    all). A run without a kept curve (no progress line printed, a log deleted) is left out; {} without events."""
+    """{commit (7 hex): [harness.judge.curves.Curve of each of its runs]}: the curve kept beside each run's log
+    (progress 0..1 of the budget, the smoothed train loss, tokens/s, as train.py printed them). commits: only these
+    (None: all). A run without a kept curve (no progress line printed, a log deleted) is left out; {} without events."""
     found = {}
     for commit, logs in curve_logs(run, commits).items():
         for log in logs:
@@ -384,10 +385,9 @@ def curves_of(run, commits=None):
 
 
 def rule_of(run, baseline=None):
-    """The verdict rule the run's tag was judged by (harness.judge.verdict.Rule): paired or margin, its flags fixed with its
-    baseline (tagview.tag_state), its noise and floor from its current baseline (baseline: that of another of its
-    baselines' "experiment" event: an earlier hardware epoch's); None without events or from before they were
-    logged."""
+    """The verdict rule the run's tag was judged by (harness.judge.verdict.Rule): paired or margin, its flags fixed with
+    its baseline (tagview.tag_state), its noise and floor from its current baseline (baseline: that of another of its
+    baselines' "experiment" event: an earlier hardware epoch's); None without events or from before they were logged."""
     tag = run.tag or (schema.last(run.events or [], Event.EXPERIMENT) or {}).get("tag")
     state = tag_state(run.events or [], tag)
     if state.rule is None:

@@ -330,8 +330,8 @@ def write(run, path, live=False, stale_s=3600.0):
 
 def refresh(s, live=True, timeout_s=1800.0):
     """The loop's rewrite of <target>/dashboard.html after a verdict (live: the page reloads itself until it is
-    older than twice timeout_s, a run's hard limit, plus ten minutes) and at its stop (live=False). A failure is one warning:
-    the page is a view, never a reason to lose an experiment."""
+    older than twice timeout_s, a run's hard limit, plus ten minutes) and at its stop (live=False). A failure is one
+    warning: the page is a view, never a reason to lose an experiment."""
     try:
         run = analysis.load_run(s.target / "results.tsv", tag=s.settings.tag)
         write(run, s.target / PAGE, live=live, stale_s=2 * timeout_s + 600)

@@ -1,8 +1,8 @@
 """
 HARNESS: one experiment's steps on a tag's Session, for agent.py's loop and `agent.py try` alike: commit a candidate
 (in the harness's stage worktree, only train.py), train it (a fresh export of its commit, through the device's
-backend), judge it (harness.judge.verdict, with its further runs), record the result (one event, one results.tsv row, one
-git note, one printed line), and keep it (the branch and the in-memory best move together, nowhere else). It never
+backend), judge it (harness.judge.verdict, with its further runs), record the result (one event, one results.tsv row,
+one git note, one printed line), and keep it (the branch and the in-memory best move together, nowhere else). It never
 proposes (harness.propose.ideas) and never decides the rule (harness.judge.verdict).
 """
 
@@ -135,8 +135,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
     or the machine's speed changed): its artifact is not kept. device: the harness.run.pool.Device it runs on; None:
     this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's, or to
-    the baseline's (cancel_watcher). The run's curve is kept beside its log (harness.judge.curves); what its summary says
-    of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
+    the baseline's (cancel_watcher). The run's curve is kept beside its log (harness.judge.curves); what its summary
+    says of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
     harness.run.hardware). Safe to call from several threads at once. Returns the runner's Outcome."""
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
@@ -212,12 +212,12 @@ def log_path(s, n, fix, run=0, best=False):
 
 def cancel_watcher(s, n, run, sha, base):
     """The curves.Watcher a run is held to, or None: only a candidate's first run (n > 0, run 0, not the best's) with
-    --cancel not off (its rule: curves.rule_name), not without the sandbox on several local devices, with at least curves.MIN_BASELINE of this hardware
-    baseline's curves known; held to the curves curves.yardstick picks (the best's, or the baseline's when the best's
-    train.py is not the original's code and the candidate's is; a "cancel_yardstick" event says which and why, curves
-    None: not watched) where some are known, and not exempt by what its train.py changes against theirs
-    (curves.exempt: the schedule, the printed loss; a "cancel_exempt" event). The Watcher carries their speed probe (a
-    run probed otherwise is not watched) and their run at the candidate's seed."""
+    --cancel not off (its rule: curves.rule_name), not without the sandbox on several local devices, with at least
+    curves.MIN_BASELINE of this hardware baseline's curves known; held to the curves curves.yardstick picks (the best's,
+    or the baseline's when the best's train.py is not the original's code and the candidate's is; a "cancel_yardstick"
+    event says which and why, curves None: not watched) where some are known, and not exempt by what its train.py
+    changes against theirs (curves.exempt: the schedule, the printed loss; a "cancel_exempt" event). The Watcher carries
+    their speed probe (a run probed otherwise is not watched) and their run at the candidate's seed."""
     rule = curves.rule_name(s.settings.cancel)
     if rule is None or not n or run or base is None or not s.history:
         return None
@@ -258,8 +258,8 @@ def mean_curve(best, curve, until):
 def judge(s, n, fix, first, base, base_metric, device=None):
     """The tag's rule on this candidate's first run against the best it was built on (commit `base`, its metric
     base_metric), its further runs trained here (on `device`), each logged; the rule decides (verdict.RULES: the
-    paired rule judges on the best's run at each seed, taken from s.cache.measured or run now, a "rerun_best" event, when
-    there is none or the candidate's speed probe differs from it; the margin rule against the best's mean, or the
+    paired rule judges on the best's run at each seed, taken from s.cache.measured or run now, a "rerun_best" event,
+    when there is none or the candidate's speed probe differs from it; the margin rule against the best's mean, or the
     best re-run now at the candidate's seed when the probes differ). Safe in a worker thread. Returns a Verdict."""
     def run_again(run):
         session.status(s, n, f"run {run + 1} of at most {1 + s.rule.confirm}" if s.rule.is_paired else
@@ -336,8 +336,8 @@ class Result:
 @locked
 def record(s, result):
     """Log the "experiment" event (with the fields each sink adds before it), add it to the history, then hand it to
-    the record sinks in order (harness.record.sinks: the results.tsv row and git note, the study, the artifacts, the printed
-    line, MLflow, the dashboard). Returns the event."""
+    the record sinks in order (harness.record.sinks: the results.tsv row and git note, the study, the artifacts, the
+    printed line, MLflow, the dashboard). Returns the event."""
     r, outcome, status = result, result.outcome, result.judged.status
     idea = redact(r.description)
     description = r.description if len(r.judged.runs) < 2 else f"{r.description} ({len(r.judged.runs)} runs)"

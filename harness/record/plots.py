@@ -60,10 +60,10 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
 
     x: experiment number (0 = the baseline, drawn as a black diamond: a measurement, not a keep). The running best
     as a step line, with the band the verdict uses on its better side when the rule is known (rule: a
-    harness.judge.verdict.Rule, its band() says what the band is, in the legend): a discard inside it was better than the
-    best by less than a keep needs. Kept rows as green dots (the LABELS latest labelled with their description),
-    discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is not a metric), discards
-    beyond the axis as grey triangles on that edge.
+    harness.judge.verdict.Rule, its band() says what the band is, in the legend): a discard inside it was better than
+    the best by less than a keep needs. Kept rows as green dots (the LABELS latest labelled with their description),
+    discards faint grey, crashes as red crosses on the bad edge of the axes (their 0.0 is not a metric), discards beyond
+    the axis as grey triangles on that edge.
     """
     fig = Figure(figsize=(11, 5.5), dpi=110)
     ax = fig.subplots()

@@ -1,10 +1,10 @@
 """
 HARNESS: where a run goes. A backend is anything with run(spec, watch) -> Outcome: Local (this machine: the guard's
-snapshot, the runner, the guard's check, the artifact kept) here, and the Ray cluster's RayBackend (harness.run.cluster).
-A Spec is one run, fully described (no session); a Watch is the seam a running experiment talks back through: its
-start, its ticks, its events, its artifact. Early cancellation travels in the Spec (a curves.Watcher, plain data):
-the rule runs where the log is written, and the run's process group is stopped there (locally, or inside the Ray
-task, which then returns at once). Swapping where runs go never touches the loop.
+snapshot, the runner, the guard's check, the artifact kept) here, and the Ray cluster's RayBackend
+(harness.run.cluster). A Spec is one run, fully described (no session); a Watch is the seam a running experiment talks
+back through: its start, its ticks, its events, its artifact. Early cancellation travels in the Spec (a curves.Watcher,
+plain data): the rule runs where the log is written, and the run's process group is stopped there (locally, or inside
+the Ray task, which then returns at once). Swapping where runs go never touches the loop.
 """
 
 import dataclasses

@@ -31,8 +31,8 @@ TICK_S = 1.0                    # how often the driver looks at a task in flight
 
 @dataclasses.dataclass(frozen=True)
 class RaySource:
-    """--ray as a harness.run.pool.DeviceSource: the cluster's slots (connect). release keeps the Ray session: it is this
-    process's (a caller's own session is used as it is), and ends with it."""
+    """--ray as a harness.run.pool.DeviceSource: the cluster's slots (connect). release keeps the Ray session: it is
+    this process's (a caller's own session is used as it is), and ends with it."""
     address: str
     context: dict
 

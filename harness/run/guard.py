@@ -3,11 +3,11 @@ HARNESS: what a run may not change outside its run directory, checked around eve
 refs and HEAD, the tracked files already modified in the user's checkout, and the bytes of the harness's own files
 (results.tsv, events.jsonl, the pristine evaluator, .git/config, .git/hooks, .git/info: what would make git run a
 program). After: what the harness owns is put back (its own files, the autoresearch refs, the frozen files) and
-named. The user's own work is never reverted: you may keep working (commit, stash, switch branches, edit program.md) while a run trains.
-Only runs outside the bubblewrap sandbox are checked (macOS, no user namespaces): inside it a run cannot even see
-the repository or the harness's files, so every change there is yours and is never blamed on it. Outside it a change
-to your refs or checkout is reported (the run is rejected, since the harness cannot tell who made it) and left as it
-is.
+named. The user's own work is never reverted: you may keep working (commit, stash, switch branches, edit program.md)
+while a run trains. Only runs outside the bubblewrap sandbox are checked (macOS, no user namespaces): inside it a run
+cannot even see the repository or the harness's files, so every change there is yours and is never blamed on it. Outside
+it a change to your refs or checkout is reported (the run is rejected, since the harness cannot tell who made it) and
+left as it is.
 """
 
 import dataclasses

@@ -2,12 +2,12 @@
 HARNESS: the comparability fingerprint. What a tag's numbers were measured on: the device the runs use (cuda, mps or
 cpu), the GPU one run gets (name and memory), the CPU model, the thread count a run gets, the torch and CUDA versions
 and the frozen inputs' digest. A tag records it when it starts (a "hardware" event, epoch 1); every later start of
-the tag (a resume, any `try`) measures it again and compares (harness.tag.checks.same_hardware). `--new-hardware` opens a
-new epoch: a new baseline is measured there and every later row is marked as of that hardware (ledger.hw_label).
+the tag (a resume, any `try`) measures it again and compares (harness.tag.checks.same_hardware). `--new-hardware` opens
+a new epoch: a new baseline is measured there and every later row is marked as of that hardware (ledger.hw_label).
 
 Measured from this process, quickly (it runs at every start and every `try`): never by importing torch (2 s and
-hundreds of MB): its version file is read with ast, the GPUs come from NVML (harness.run.usage.gpu_devices), the CPU from
-/proc/cpuinfo. What a run actually saw is checked too: train.py's summary prints `device:` and `threads:`
+hundreds of MB): its version file is read with ast, the GPUs come from NVML (harness.run.usage.gpu_devices), the CPU
+from /proc/cpuinfo. What a run actually saw is checked too: train.py's summary prints `device:` and `threads:`
 (summary_mismatch). Never raises: what cannot be told is None.
 
 It never writes anything (harness.tag.opening logs the events) and never decides a verdict.

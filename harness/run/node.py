@@ -148,9 +148,9 @@ def wraps(sandboxed, run_dir, frozen, artifact, inputs, payload):
 
 def ready(frozen, payload, log):
     """The node's data: `prepare.py --check` from the pristine copy, else prepare it (the tag's --source, or the
-    default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns (problem: (Kind, reason) or None, the
-    node's frozen inputs: what the sandbox shows each process, None without a separate evaluation). Their output goes
-    to log."""
+    default download, with the driver's profile); then its frozen inputs must be the ones the tag recorded. Returns
+    (problem: (Kind, reason) or None, the node's frozen inputs: what the sandbox shows each process, None without a
+    separate evaluation). Their output goes to log."""
     python = runner.interpreter()
     if os.environ.get("AUTORESEARCH_CACHE") and not Path(os.environ["AUTORESEARCH_CACHE"]).is_dir():
         del os.environ["AUTORESEARCH_CACHE"]      # the driver's path is not on this node: its own default cache

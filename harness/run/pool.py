@@ -43,8 +43,8 @@ class Device:
 
 class DeviceSource(typing.Protocol):
     """Where an invocation's devices come from: --devices on this machine (Local), a Ray cluster's slots (--ray:
-    harness.run.cluster.RaySource), or a scheduler's allocation (a class of its own, in one file). agent.py acquires them
-    once, before the tag opens, and releases them however the invocation ends (`acquired`)."""
+    harness.run.cluster.RaySource), or a scheduler's allocation (a class of its own, in one file). agent.py acquires
+    them once, before the tag opens, and releases them however the invocation ends (`acquired`)."""
 
     def acquire(self):
         """The Devices the runs go to (a list, at least one). Raises SetupError naming the problem and the fix."""

@@ -53,9 +53,9 @@ def readable(s):
     be readable from git, each object's content matching its hash (a disk fault or a killed `git gc` can damage
     objects): the resume compares new ideas with them, builds on the best and exports them. A kept one (the best and
     what it was built on, the frozen files they share) stops the start, named; a discarded or crashed one is only
-    compared with new ideas: it is left out of the comparisons (s.cache.unreadable) and the start goes on. Fills s.cache.blobs
-    and s.cache.prints (the duplicate checks' caches). Returns {n: what git said} of the unreadable ones, for the caller to
-    record once the start is accepted."""
+    compared with new ideas: it is left out of the comparisons (s.cache.unreadable) and the start goes on. Fills
+    s.cache.blobs and s.cache.prints (the duplicate checks' caches). Returns {n: what git said} of the unreadable ones,
+    for the caller to record once the start is accepted."""
     content, unreadable = {}, {}        # content: binsha -> verified bytes (an object shared is read once)
 
     def check(obj):
@@ -268,11 +268,12 @@ def start_warnings(s, devices, is_llm):
     """What the loop will run although it may not do what you expect, in words: several devices without the
     sandbox (a run can see the runs beside it); a cost limit that cannot stop a model with no price."""
     a, found = s.settings, []
-    if len(devices) > 1 and s.wrap is None and a.ray is None:   # same user, same machine, nothing in between
-        found.append(f"{len(devices)} devices without the sandbox: a run can see and rewrite the files of the runs "
+    local = [d for d in devices if d.remote is None]     # runs beside each other on this machine
+    if len(local) > 1 and s.wrap is None:   # same user, same machine, nothing in between
+        found.append(f"{len(local)} devices without the sandbox: a run can see and rewrite the files of the runs "
                      "beside it. Install bubblewrap (--sandbox auto) before trusting an unattended run's verdicts")
     if is_llm and a.max_cost_usd is not None and price_key(a.model) is None:
         found.append(f"--max-cost-usd {a.max_cost_usd:g} cannot stop this run: model {a.model!r} is not in the price "
-                     "table (PRICES in harness/propose/proposers.py), so its calls count as $0. Add its prices there, or "
+                     "table (PRICES in harness/propose/providers.py), so its calls count as $0. Add its prices there, or "
                      "also set --max-experiments or --hours")
     return found

@@ -116,8 +116,8 @@ def tag_rule(settings, state):
 
 
 def measured_runs(s, all_events):
-    """s.cache.measured from the tag's "run_end" events: each run's metric and probe by commit and seed (a resumed paired
-    tag pairs with the best's runs measured before); s.cache.curves: the curves kept beside their logs."""
+    """s.cache.measured from the tag's "run_end" events: each run's metric and probe by commit and seed (a resumed
+    paired tag pairs with the best's runs measured before); s.cache.curves: the curves kept beside their logs."""
     for e in all_events:
         if e.get("tag") == s.settings.tag and e.get("event") == Event.RUN_END and e.get("metric") is not None:
             if e.get("seed") is not None:
@@ -216,8 +216,8 @@ def frozen_side(s, all_events, constants):
 
 
 def hardware_side(s, all_events):
-    """The comparability fingerprint (harness.run.hardware) of this invocation's runs: recorded as the tag's epoch 1 when
-    it starts (or first resumes, for a tag from before fingerprints), else compared with the tag's latest. A
+    """The comparability fingerprint (harness.run.hardware) of this invocation's runs: recorded as the tag's epoch 1
+    when it starts (or first resumes, for a tag from before fingerprints), else compared with the tag's latest. A
     difference is refused (checks.same_hardware) unless --new-hardware, which opens the next epoch: its baseline is
     measured before any candidate (Session.baseline_due). Before any experiment a difference just replaces the
     fingerprint. The event is logged with this invocation's first one (a refused `try` logs nothing); `try --sync`
@@ -225,7 +225,8 @@ def hardware_side(s, all_events):
     a = s.settings
     if a.command == "try" and a.sync:
         return
-    s.hardware = hardware.measure(s.devices, a.ray is not None, (s.evaluation or {}).get("digest"))
+    remote = any(d.remote is not None for d in s.devices)     # runs on other machines (Ray, another backend)
+    s.hardware = hardware.measure(s.devices, remote, (s.evaluation or {}).get("digest"))
     recorded = ledger.hardware_events(all_events, a.tag)
     last = recorded[-1] if recorded else None
     s.hardware_epoch = last.get("epoch", 1) if last else 1

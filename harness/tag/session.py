@@ -295,9 +295,10 @@ def left_behind(s, n=None):
 
 
 def interrupt_words(s, settings):
-    """What an interrupt left behind, in words (s: None when it came before the session opened): the loop's records
-    (left_behind), or for `try` whether its result was recorded and what to do with your checkout."""
-    if settings.command == "loop":
+    """What an interrupt left behind, in words (s: None when it came before the session opened): the tag's records
+    (left_behind) for the loop and any command but `try`, for `try` whether its result was recorded and what to do
+    with your checkout."""
+    if settings.command != "try":
         return f"{left_behind(s) if s else 'nothing was recorded'}. Rerun the same command to resume"
     recorded = left_behind(s, s.recording) if s and s.recording is not None else None
     if recorded is None:
