@@ -154,6 +154,9 @@ def test_tag_state_rebuilds_history_spend_and_stale_runs(tmp_path):
         1.25, 1.5, 2, 1, False)
     assert tagview.read_tag(tmp_path / "elsewhere", "t").history == [] and tagview.read_tag(tmp_path, "v").best_event \
         is None
+    # --new-hardware opened epoch 2 and its baseline is not recorded yet: due
+    path.write_text("".join(json.dumps(e) + "\n" for e in [*log, {"event": "hardware", "tag": "t", "epoch": 2}]))
+    assert (tagview.read_tag(tmp_path, "t").hardware_epoch, tagview.read_tag(tmp_path, "t").baseline_due) == (2, True)
 
 
 def test_run_key_pairs_a_run_with_its_end():

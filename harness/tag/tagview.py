@@ -90,6 +90,6 @@ def tag_state(all_events, tag):
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
                     stale_runs=stale, rule=rule,
-                    hardware_epoch=next((e.get("epoch", 1) for e in reversed(mine) if e.get("event") == Event.HARDWARE), 1))
+                    hardware_epoch=(schema.last(mine, Event.HARDWARE) or {}).get("epoch", 1))
 
 
