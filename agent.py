@@ -203,23 +203,23 @@ def stop_reason(s, loop):
 def research_main(s, proposer, constants):
     """The loop's own setup (the proposer, its prompts and check, the preflight, the devices), then research_loop
     until a limit. Returns 0."""
-    a, target, devices = s.settings, s.target, s.devices
+    a, tag, devices = s.settings, s.tag, s.devices
     search.attach(s, proposer)          # the profile it edits; a sampler's study (propose/search)
     proposer.on_retry = functools.partial(ideas.on_llm_retry, s)
-    system = SYSTEM_PROMPT.format(budget=s.budget, metric=s.metric, goal=goal_word(s.goal), rule=s.rule.words(s.metric),
-                                  frozen="\n\n".join(f"=== {f} ===\n{read_text(target / f)}" for f in FROZEN))
+    system = SYSTEM_PROMPT.format(budget=tag.budget, metric=tag.metric, goal=goal_word(tag.goal), rule=s.rule.words(
+        tag.metric), frozen="\n\n".join(f"=== {f} ===\n{read_text(tag.target / f)}" for f in FROZEN))
     for warning in checks.start_warnings(s, devices, proposer.is_llm):
         console.say(f"warning: {warning}")
         s.log(Event.WARNING, reason=warning)
     if constants["PREFLIGHT"]:
         console.say("preflight: prepare.py --preflight ...")
-        run_prepare(target, "--preflight", timeout=experiment.run_timeout(s).seconds())
-    s.log(Event.CONFIG, proposer=a.proposer, model=a.model, base_url=a.base_url, metric=s.metric, goal=s.goal,
-          budget_s=s.budget, timeout_s=s.timeout, max_experiments=a.max_experiments, hours=a.hours,
+        run_prepare(tag.target, "--preflight", timeout=experiment.run_timeout(s).seconds())
+    s.log(Event.CONFIG, proposer=a.proposer, model=a.model, base_url=a.base_url, metric=tag.metric, goal=tag.goal,
+          budget_s=tag.budget, timeout_s=tag.timeout, max_experiments=a.max_experiments, hours=a.hours,
           max_cost_usd=a.max_cost_usd, devices=[d.name for d in devices], threads=[d.threads for d in devices],
           speculate=not a.no_speculate, ray=a.ray, verdict=s.rule.name, confirm=s.rule.confirm, margin=s.rule.margin_flag)
-    console.say(f"autoresearch: {s.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
-                f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {s.budget:g}s, timeout "
+    console.say(f"autoresearch: {tag.branch} at {s.best_commit[:7]}, {len(s.history)} experiments so far, proposer "
+                f"{a.proposer}{' ' + a.model if proposer.is_llm else ''}, budget {tag.budget:g}s, timeout "
                 f"{experiment.run_timeout(s).words()}, devices {', '.join(d.name for d in devices)}{'' if a.no_speculate else ', speculating'}")
     s.pool = Pool(devices, len(s.history))   # its clock (busy share, experiments per hour) starts with the loop
     mixer = hybrid.propose if a.proposer == "hybrid" else None     # the sampler's points, shown to the LLM
@@ -232,9 +232,9 @@ def research_main(s, proposer, constants):
         search.close(s)                 # the points speculated and never run are closed in the study
     experiment.stopped(s, reason=reason, **s.pool.throughput(len(s.history)).fields())
     console.say(s.pool.throughput(len(s.history)).line())
-    console.say(f"stopped: {reason}. Branch {s.branch} at best {s.best_commit[:7]} ({s.metric} "
+    console.say(f"stopped: {reason}. Branch {s.tag.branch} at best {s.best_commit[:7]} ({s.tag.metric} "
                 f"{s.best_metric:.6f}); rows in {ledger.RESULTS}, details in {ledger.EVENTS}")
-    if s.evaluation is not None and len(s.history) > 1 and not a.no_holdout:   # the gain on unseen data
+    if s.tag.evaluation is not None and len(s.history) > 1 and not a.no_holdout:   # the gain on unseen data
         console.say(baseline.holdout_line(s))
     return 0
 

@@ -162,7 +162,7 @@ def test_only_a_smoke_budget_gets_the_lenient_allowance_and_its_words_say_so():
     assert "not comparable" not in Allowance(10.0, 5.0, base_probe=0.2).words()
     baseline = {"n": 0, "train_seconds": 15.0, "base_probe_s": 0.2}
     for smoke in (True, False):
-        s = types.SimpleNamespace(history=[baseline], budget=10.0, smoke=smoke, pool=None)
+        s = types.SimpleNamespace(history=[baseline], tag=types.SimpleNamespace(budget=10.0, smoke=smoke), pool=None)
         assert experiment.max_wall(s) == Allowance(10.0, 5.0, 0.2, comparable=not smoke)
 
 

@@ -195,7 +195,8 @@ def test_csp_allows_only_the_page_script(tmp_path):
 
 def test_the_loop_writes_a_live_page_that_stops_reloading_when_stale(tmp_path):
     target = planted_run(tmp_path)
-    s = types.SimpleNamespace(target=target, settings=types.SimpleNamespace(tag=TAG), dashboard_warned=False)
+    s = types.SimpleNamespace(tag=types.SimpleNamespace(target=target), settings=types.SimpleNamespace(tag=TAG),
+                              dashboard_warned=False)
     dashboard.refresh(s, live=True, timeout_s=60.0)
     data = page_data(target / dashboard.PAGE)
     assert data["live"] and data["stale_s"] == 720.0 and data["reload_s"] == pagedata.RELOAD_S

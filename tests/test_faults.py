@@ -691,7 +691,7 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys, monkeypatch):
     assert [p.split(", ")[-1].split(" ")[0] for p in phases if p.startswith("run 1 of 1, ")][:2] == ["probing",
                                                                                                   "training"]
     assert any(p.startswith("run 1 of 1, evaluating") for p in phases)
-    s = types.SimpleNamespace(budget=60.0, pool=None)
+    s = types.SimpleNamespace(tag=types.SimpleNamespace(budget=60.0), pool=None)
     said = []
     monkeypatch.setattr(session, "status", lambda s, n, phase: said.append(phase))
     for elapsed in (30.0, 65.0):

@@ -3,8 +3,10 @@ Unit tests of the harness package's pure parts: the edit format, the random/grid
 constants and budget, prices, summary parsing. The loop itself is tested through agent.main in test_agent.py.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
+import git
 import pytest
 
 from agent_target import edit
@@ -131,10 +133,10 @@ def test_the_evaluation_limit_is_sized_by_evaluation():
     whose training ran out of time stops the loop as the machine's problem, with the flag that fixes it, never "Fix
     train.py"."""
     base = dict(n=0, status="keep", description="baseline", eval_seconds=3.0, hardware_epoch=1)
-    s = SimpleNamespace(baseline_due=False, history=[base], timeout=None)
+    s = SimpleNamespace(baseline_due=False, history=[base], tag=SimpleNamespace(timeout=None))
     assert experiment.eval_timeout(s) == 5 * 3.0 + 120
     assert experiment.eval_timeout(changed(s, baseline_due=True)) == 1800.0
-    assert experiment.eval_timeout(changed(s, timeout=4000.0)) == 4000.0
+    assert experiment.eval_timeout(changed(s, tag=SimpleNamespace(timeout=4000.0))) == 4000.0
     late = Outcome("c0ffee", None, 0.0, 65.0, kind=Kind.TIMEOUT, eval_seconds=1800.0,
                    reason="evaluation timeout after 1800s: the frozen evaluator did not finish scoring the model in time")
     with pytest.raises(Stop) as stop:
@@ -156,11 +158,12 @@ def test_the_run_timeout_is_the_tags_or_follows_its_baseline():
     """experiment.run_timeout: the given one (--timeout or the tag's recorded) as is; else the target's default until
     the baseline is measured, then twice the allowance its runs measured (at least the default)."""
     base = dict(n=0, status="keep", description="baseline", train_seconds=168.0, base_probe_s=0.2, hardware_epoch=1)
-    s = SimpleNamespace(baseline_due=False, history=[base], timeout=None, budget=20.0, pool=None, smoke=False)
+    s = SimpleNamespace(baseline_due=False, history=[base], tag=SimpleNamespace(timeout=None, budget=20.0, smoke=False),
+                        pool=None)
     assert experiment.run_timeout(s).seconds(0.2) == pytest.approx(2 * (20 + 148 * 1.1 + 0.1 + 2))
     assert experiment.run_timeout(changed(s, baseline_due=True)).seconds(0.2) == default_timeout(20.0) == 140.0
-    assert experiment.run_timeout(changed(s, timeout=90.0)).seconds(0.2) == 90.0
-    assert experiment.run_timeout(changed(s, timeout=90.0)).short(0.2)
+    assert experiment.run_timeout(changed(s, tag=changed(s.tag, timeout=90.0))).seconds(0.2) == 90.0
+    assert experiment.run_timeout(changed(s, tag=changed(s.tag, timeout=90.0))).short(0.2)
 
 
 def changed(namespace, **changes):
@@ -247,3 +250,21 @@ def test_an_artifact_folder_must_hold_regular_files_only(tmp_path):
     (tmp_path / "top").symlink_to(good)
     assert artifact_problem(tmp_path / "top").startswith("the model artifact top is a symbolic link")
     assert artifact_problem(tmp_path / "missing") == "no model artifact missing"
+
+
+def test_an_opened_tags_configuration_is_frozen_and_its_state_follows_the_events(target):
+    """open_session splits the Session by what its fields are: the tag's configuration (TagConfig) is frozen once
+    the tag is open, whichever step tries to write it; best and baseline are read from the history."""
+    from harness.tag import opening, settings
+    s, _ = opening.open_session(settings.parse(["--tag", "t", "--proposer", "random", "--target", str(target),
+                                                "--sandbox", "off"]))
+    assert (s.tag.branch, s.tag.metric, s.tag.goal, s.tag.train_rel, s.tag.frozen_rels, s.tag.target_rel) == \
+        ("autoresearch/t", "val_bpb", "min", "train.py", ("prepare.py",), "")
+    assert s.tag.frozen_base == s.best_commit == git.Repo(target).head.commit.hexsha and s.tag.home.is_dir()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.tag.budget = 1e9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.settings.tag = "other"
+    assert (s.best_metric, s.baseline_metric, s.baseline_due, s.next_n) == (None, None, True, 0)
+    s.history.append(dict(n=0, status="keep", metric=1.5, description="baseline", hardware_epoch=1))
+    assert (s.best_metric, s.baseline_metric, s.baseline_due, s.next_n) == (1.5, 1.5, False, 1)

@@ -96,9 +96,9 @@ def test_what_the_environment_left_unjudged_is_neither_tabu_nor_a_try_of_its_fam
     history = [dict(n=0, status="keep", metric=2.0, kind="ok"), experiment(1, "discard", 2.25, "ok"),
                experiment(2, "discard", 1.5, "overtime"), experiment(3, "crash", 0.0, "lost")]
     lr_up = Change(("LR up",), ("LR",), "")
-    s = types.SimpleNamespace(history=history, goal="min", cache=Caches(changes={0: Change(), 1: lr_up, 2: lr_up,
-                                                                                  3: lr_up}),
-                              best_metric=2.0, rule=Rule("min", confirm=1, noise_sd=0.25, noise_runs=3))
+    s = types.SimpleNamespace(history=history, tag=types.SimpleNamespace(goal="min"),
+                              cache=Caches(changes={0: Change(), 1: lr_up, 2: lr_up, 3: lr_up}), best_metric=2.0,
+                              rule=Rule("min", confirm=1, noise_sd=0.25, noise_runs=3))
     assert [e["n"] for e, _ in memory.tabu_list(s, 10)] == [1]
     assert memory.family_stats(s) == {"LR": (1, 0.0, -0.25)}
 

@@ -433,3 +433,23 @@ def test_every_verdict_says_why_in_words():
     margin = Rule("min", confirm=1, noise_sd=0.25, noise_runs=3)
     assert margin.why(judge(run(1.75), Runs(run(2.0)), margin, 2.0)) == ("not kept: its run did not beat the best by "
                                                                          "more than the margin 0.500000")
+
+
+def test_a_rules_recorded_settings_read_back_into_the_same_rule():
+    """Rule.recorded() -> the event -> verdict.recorded_of -> settings_of -> rule_of gives the same rule: the common
+    settings and the rule's own (the paired rule's false-keep rate); a tag from before the paired rule recorded no
+    verdict name and reads back as the margin rule; a rule this version lacks is refused with the way out."""
+    paired = verdict.rule_of("min", 3, None, verdict="paired", false_keep=0.05)
+    event = dict(n=0, status="keep", **paired.recorded(), seed_base=7)
+    assert paired.recorded() == dict(confirm=3, margin=None, verdict="paired", false_keep=0.05)
+    assert verdict.recorded_of(event) == paired.recorded()
+    assert verdict.settings_of(verdict.recorded_of(event)) == dict(confirm=3, margin=None, verdict="paired",
+                                                                   false_keep=0.05)
+    assert verdict.rule_of("min", **verdict.settings_of(verdict.recorded_of(event))) == paired
+    margin = verdict.rule_of("max", 1, 0.02)
+    assert margin.recorded() == dict(confirm=1, margin=0.02, verdict="margin", false_keep=None)
+    assert verdict.settings_of(verdict.recorded_of(dict(confirm=1, margin=0.02))) == dict(confirm=1, margin=0.02,
+                                                                                          verdict="margin")
+    assert verdict.rule_of("max", **verdict.settings_of(verdict.recorded_of(margin.recorded()))) == margin
+    with pytest.raises(verdict.SetupError, match="verdict rule 'bayes', which this version does not have"):
+        verdict.settings_of(verdict.recorded_of(dict(confirm=1, verdict="bayes")))

@@ -82,8 +82,8 @@ class Rule:
         """The settings a tag records with its start and its baseline, and reads back (settings_of): confirm,
         --margin, the verdict rule's name and its own settings (VerdictRule.own: the paired rule's false-keep rate;
         None for the others)."""
-        return dict(confirm=self.confirm, margin=self.margin_flag, verdict=self.verdict, false_keep=None) | \
-            RULES[self.verdict].own(self)
+        return dict(confirm=self.confirm, margin=self.margin_flag, verdict=self.verdict) | \
+            {key: None for key in own_flags()} | RULES[self.verdict].own(self)
 
     @property
     def sd(self):
@@ -144,15 +144,15 @@ class Rule:
         return self.kind.words(self, metric)
 
 
-def rule_of(goal, confirm, margin, baseline=None, runs=1, verdict="margin", false_keep=FALSE_KEEP):
+def rule_of(goal, confirm, margin, baseline=None, runs=1, verdict="margin", **own):
     """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the verdict rule named `verdict` and its
-    false-keep rate (the tag's: settings_of(tagview.TagState.rule)), whose baseline's "experiment" event is `baseline`
-    (its noise_sd, runs and sd_floor); None: not measured yet, `runs` baseline runs will measure it. agent.py and
-    report.py build a tag's rule here."""
+    own settings (`own`, Rule fields: the paired rule's false_keep; the tag's: settings_of(tagview.TagState.rule)),
+    whose baseline's "experiment" event is `baseline` (its noise_sd, runs and sd_floor); None: not measured yet,
+    `runs` baseline runs will measure it. agent.py and report.py build a tag's rule here."""
     if baseline is None:
-        return Rule(goal, confirm, margin, None, runs, verdict=verdict, false_keep=false_keep)
+        return Rule(goal, confirm, margin, None, runs, verdict=verdict, **own)
     return Rule(goal, confirm, margin, baseline.get("noise_sd"), len(baseline.get("runs") or [0]),
-                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "", verdict, false_keep)
+                baseline.get("sd_floor") or 0.0, baseline.get("floor_source") or "", verdict, **own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,12 +370,14 @@ class VerdictRule:
     whether a candidate's runs use the best's seeds (the harness then runs the best at a seed it lacks). judge(rule,
     first, run_again, best) -> Verdict; words(rule, metric): the rule in one paragraph; band(rule): (width, legend) of
     progress.png's band; why(rule, judged): a verdict's reason for `try` (the default reads the Verdict: a paired gain
-    and t, or the margin); own(rule): its settings the tag records beside confirm and the margin."""
+    and t, or the margin); own_flags: its own settings the tag records beside COMMON ({Rule field and Settings
+    attribute: its flag}), own(rule) their values."""
     name = ""
     pairs_seeds = False
+    own_flags = {}
 
     def own(self, rule):
-        return {}
+        return {key: getattr(rule, key) for key in self.own_flags}
 
     def judge(self, rule, first, run_again, best):
         raise NotImplementedError
@@ -448,9 +450,7 @@ class Paired(VerdictRule):
     """The paired sequential rule (judge_paired()): each run at the seed of a run of the best, judged on the
     differences by a one-sided t-test at the false-keep rate, after 2 to 1 + confirm runs."""
     name, pairs_seeds = "paired", True
-
-    def own(self, rule):
-        return {"false_keep": rule.false_keep}
+    own_flags = {"false_keep": "--false-keep-rate"}
 
     def judge(self, rule, first, run_again, best):
         return judge_paired(first, run_again, rule, best.at, best.pooled())
@@ -476,13 +476,29 @@ RULES = {r.name: r for r in (Paired(), Margin())}   # --verdict NAME -> its rule
 DEFAULT = "paired"                                  # a new tag's, unless --verdict or --margin says otherwise
 
 
+COMMON = {"confirm": "--confirm", "margin": "--margin", "verdict": "--verdict"}   # what every tag records of its
+#                                                                                 rule (the key) and its flag
+LEGACY = "margin"           # the verdict rule of tags recorded before the paired rule (their events name none)
+
+
+def own_flags():
+    """{setting: flag} of every registered verdict rule's own settings (VerdictRule.own_flags)."""
+    return {key: flag for rule in RULES.values() for key, flag in rule.own_flags.items()}
+
+
+def recorded_of(event):
+    """What a tag recorded of its rule (Rule.recorded()), read back from the event that recorded it (its baseline,
+    or an older tag's first start): COMMON's settings and every registered rule's own (None: not recorded), the
+    verdict rule's name LEGACY where the event names none."""
+    return {key: event.get(key) for key in (*COMMON, *own_flags())} | {"verdict": event.get("verdict") or LEGACY}
+
+
 def settings_of(recorded):
-    """rule_of's keyword arguments (confirm, margin, verdict, false_keep) from what a tag recorded (Rule.recorded(),
-    as tagview.TagState.rule reads it back; tags from before the paired rule: "margin"). Raises SetupError when the
-    tag's rule is not registered here."""
-    name = recorded.get("verdict") or "margin"
+    """rule_of's keyword arguments (confirm, margin, verdict and the rule's own settings that were recorded) from what
+    a tag recorded (recorded_of). Raises SetupError when the tag's rule is not registered here."""
+    name = recorded["verdict"]
     if name not in RULES:
         raise SetupError(f"the tag was judged by the verdict rule {name!r}, which this version does not have "
                          f"({', '.join(RULES)}): use the version that made it, or start a new --tag")
-    return dict(confirm=recorded["confirm"], margin=recorded.get("margin"), verdict=name,
-                false_keep=recorded.get("false_keep") or FALSE_KEEP)
+    return dict(confirm=recorded["confirm"], margin=recorded.get("margin"), verdict=name) | {
+        key: recorded[key] for key in RULES[name].own_flags if recorded.get(key) is not None}

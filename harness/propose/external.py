@@ -30,7 +30,7 @@ def try_one(s, proposer=None, constants=None):
     then train.py in your checkout is the best commit's again. `--baseline` measures the branch start instead, and
     `--fix` amends the last crashed candidate as the loop's fix step does. Returns the exit code (0: a verdict).
     proposer, constants: unused (agent.COMMANDS' signature; the external agent proposes)."""
-    a, train_path = s.settings, s.target / "train.py"
+    a, train_path = s.settings, s.tag.target / "train.py"
     if a.sync:
         return sync_checkout(s)
     if a.baseline:                      # open_session checked that one is due (none yet, or --new-hardware's)
@@ -53,9 +53,9 @@ def try_one(s, proposer=None, constants=None):
     elif source == best_source(s):
         raise SetupError(f"train.py is the best commit's ({s.best_commit[:7]}) unchanged: edit it with one idea first")
     if (earlier := measured_as(s, source)) is not None:
-        raise SetupError(f"this train.py is the code of experiment {describe(earlier, s.metric)} (comments and "
+        raise SetupError(f"this train.py is the code of experiment {describe(earlier, s.tag.metric)} (comments and "
                          f"spacing aside), already measured: try another idea (`git show {earlier['commit']}:"
-                         f"{s.train_rel}` shows it)")
+                         f"{s.tag.train_rel}` shows it)")
     n, t0 = s.next_n, time.monotonic()
     if not a.fix:                       # the tabu, as the loop's proposals meet it (a fix repeats its idea by design)
         screen(s, n, description, source)
@@ -90,7 +90,7 @@ def check_based_on_best(s):
     """Your train.py must be an edit of the best commit's: when the loop kept something since `try` last wrote your
     checkout, an unedited file just becomes the new best's (nothing runs) and an edited one is refused, since the
     edit would undo the keep. SetupError either way."""
-    a, train_path = s.settings, s.target / "train.py"
+    a, train_path = s.settings, s.tag.target / "train.py"
     based_on = s.synced or s.history[0]["full_commit"]      # what `try` last wrote into your checkout
     if based_on != s.best_commit and file_at_bytes(s, based_on) != file_at_bytes(s, s.best_commit):
         if train_path.read_bytes() == file_at_bytes(s, based_on):   # not edited yet: just bring the best
@@ -109,10 +109,11 @@ def fixable(s):
     crashed and may get another fix (a timeout or a rejected run is a verdict, not a bug); SetupError otherwise."""
     last = s.history[-1]
     if last["status"] != "crash" or last["n"] == 0:
-        raise SetupError(f"--fix amends a crashed candidate, but the last experiment is {describe(last, s.metric)}; "
+        raise SetupError("--fix amends a crashed candidate, but the last experiment is "
+                         f"{describe(last, s.tag.metric)}; "
                          "run a new idea without --fix")
     if not Kind(last.get("kind", "crash")).fixable:
-        raise SetupError(f"experiment {describe(last, s.metric)} ended {last['kind']}: that is its verdict (or the "
+        raise SetupError(f"experiment {describe(last, s.tag.metric)} ended {last['kind']}: that is its verdict (or the "
                          "cluster's doing), not a bug to fix; run a new idea without --fix")
     fix_of, fixes = last.get("fix_of"), last.get("fixes", 0)
     fix_of = last["n"] if fix_of is None else fix_of
@@ -126,7 +127,7 @@ def write_checkout(s, expected=None):
     """Your checkout's train.py becomes the best commit's (its index and HEAD are untouched), and the "synced" event
     records which commit that was, so the next `try` knows what an edit is based on. expected: the text the file must
     still hold (what was measured); when you changed it meanwhile it is left alone, and False is returned."""
-    path = s.target / "train.py"
+    path = s.tag.target / "train.py"
     if expected is not None and path.read_bytes() != expected.encode():
         console.say(f"train.py changed in your checkout while the run trained: left as it is (the best is "
                     f"{s.best_commit[:7]}; `uv run agent.py try --tag {s.settings.tag} --sync` saves yours and writes it)")
@@ -140,14 +141,14 @@ def write_checkout(s, expected=None):
 def sync_checkout(s):
     """--sync: save your checkout's train.py (when it is not already some measured commit's) beside the tag's logs,
     then write the best commit's train.py there."""
-    current = (s.target / "train.py").read_bytes()
+    current = (s.tag.target / "train.py").read_bytes()
     if duplicate_of(s, current.decode("utf-8", "replace")) is None:
-        saved = s.home / "saved" / f"train.py.{time.strftime('%Y%m%d-%H%M%S')}.{time.time_ns() % 10**9:09d}"
+        saved = s.tag.home / "saved" / f"train.py.{time.strftime('%Y%m%d-%H%M%S')}.{time.time_ns() % 10**9:09d}"
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_bytes(current)
         console.say(f"your train.py was saved to {saved}")
     write_checkout(s)
-    console.say(f"train.py is now the best commit's ({s.best_commit[:7]}, {s.metric} {s.best_metric:.6f}): edit it")
+    console.say(f"train.py is now the best commit's ({s.best_commit[:7]}, {s.tag.metric} {s.best_metric:.6f}): edit it")
     return 0
 
 
@@ -161,7 +162,7 @@ def verdict(s, event, result, synced=True):
         rule.near_miss(event["metric"], base)   # the best at its own seeds, when paired
     lines = [("experiment", event["n"]), ("status", event["status"] + (" (a near-miss: within the margin; worth "
                                                                         "combining with another idea)" if near else "")),
-             (s.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
+             (s.tag.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
               f"- ({Cancel(**event['cancelled']).words()})")]
     if event["n"] > 0 and measured and event.get("base_metric") is not None:
         lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
@@ -169,7 +170,7 @@ def verdict(s, event, result, synced=True):
     runs = event.get("runs") or ([event["metric"]] if measured else [])
     if len(runs) > 1 or result is not None and runs:    # the baseline's (result None): its seeds differ
         judged = result.judged if result is not None else Verdict("keep", tuple(runs))
-        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({judged.runs_words(s.metric)})"))
+        lines.append(("runs", ", ".join(f"{m:.6f}" for m in runs) + f" ({judged.runs_words(s.tag.metric)})"))
     if event.get("best_runs"):
         lines.append(("best_runs", ", ".join(f"{m:.6f}" for m in event["best_runs"]) + " (the best's at the same "
                       "seeds" + (", re-run now: the machine's speed changed)" if event.get("remeasured") else ")")))
@@ -180,25 +181,26 @@ def verdict(s, event, result, synced=True):
         lines.append(("margin", f"{rule.margin:.6f} ({rule.source}): a candidate must beat the best by more"
                                 + (f"; noise sd {rule.noise_sd:.6f}" if rule.noise_aware and rule.noise_sd is not None
                                    else "")))
-    lines.append(("rule", rule.words(s.metric)))
+    lines.append(("rule", rule.words(s.tag.metric)))
     if (allowance := experiment.max_wall(s)) is not None and not allowance.comparable:
         lines.append(("wall_time", allowance.words()))
     lines += [("best", f"{best['metric']:.6f} (#{best['n']}, commit {best['commit']})"),
               ("baseline", f"{ledger.baseline_of(s.history)['metric']:.6f}"
                            + (f" (on this hardware, epoch {s.hardware_epoch})" if s.hardware_epoch > 1 else "")),
               ("commit", f"{event['commit']} ({event['description']})"),
-              ("branch", f"{s.branch} at {s.best_commit[:7]}"),
+              ("branch", f"{s.tag.branch} at {s.best_commit[:7]}"),
               ("train.py", f"your checkout's train.py is the best's ({s.best_commit[:7]}): edit it for the next idea"
                            if synced else "changed by you during the run: left as it is (see above)"),
               ("memory_gb", f"{event['memory_gb']:.1f}"), ("seconds", f"{event['wall_seconds']:.0f}"),
-              ("log", str(s.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
+              ("log", str(s.tag.target / RUN_LOG)), ("experiments", f"{len(s.history) - 1} after the baseline")]
     if result is not None:
         lines.append(("reason", result.why or rule.why(result.judged)))
     if event.get("idle"):               # its curve: the schedule or the loss says nothing was learned
         lines.append(("training", event["idle"]))
     if result is not None and (event["status"] == "crash" or not result.kind.measured):   # or not judged
         if result.kind.fixable and event.get("fixes", 0) < MAX_FIXES:
-            lines.append(("to fix", f"`git show {event['commit']}:{s.train_rel} > {s.train_rel}`, fix the mistake, "
+            train = s.tag.train_rel
+            lines.append(("to fix", f"`git show {event['commit']}:{train} > {train}`, fix the mistake, "
                           f"then `uv run agent.py try --tag {s.settings.tag} --fix -m \"<what you fixed>\"` (fix "
                           f"{event.get('fixes', 0) + 1} of at most {MAX_FIXES}); or give the idea up"))
     print("---")

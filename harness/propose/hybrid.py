@@ -52,11 +52,11 @@ def one(s, backlog, n, train_src, running, found):
     if not (may_override or stalled):
         return mine                     # the LLM is not asked: nothing it may change
     prompt = HYBRID_PROMPT.format(
-        program=program_brief(read_text(s.target / "program.md"), s.budget), sampler=sampler, metric=s.metric,
-        goal=goal_word(s.goal), state=search.state_words(s, s.metric), n=n,
+        program=program_brief(read_text(s.tag.target / "program.md"), s.tag.budget), sampler=sampler,
+        metric=s.tag.metric,        goal=goal_word(s.tag.goal), state=search.state_words(s, s.tag.metric), n=n,
         point=search.shown(search.of(s).space, point), override=HYBRID_OVERRIDE if may_override else "",
         code=HYBRID_CODE.format(stall=since_change(s), train=train_src, history=format_history(
-            s.history, s.metric, s.rule.margin, touched_by(s))) if stalled else "")
+            s.history, s.tag.metric, s.rule.margin, touched_by(s))) if stalled else "")
     read = lambda text: decide(s, text, train_src, point, mine, may_override, stalled)   # noqa: E731
     chosen = ideas.ask_for_edit(s, backlog, n, [{"role": "user", "content": prompt}], train_src, running, read=read,
                                 again=HYBRID_REPAIR.replace("{code}", " (or a code edit)" if stalled else ""))
@@ -99,7 +99,7 @@ def decide(s, text, train_src, point, mine, may_override, stalled):
         if (x := p.internal(value)) is None:        # a string, a bool, null or a number out of range
             raise EditError(f"{name} = {json.dumps(value)[:100]} is not a value of it ({p.words()})")
         changed[name] = x
-    answer_text, _ = searchspace.write_point(train_src, s.profile, space, changed, OVERRIDE)
+    answer_text, _ = searchspace.write_point(train_src, s.tag.profile, space, changed, OVERRIDE)
     description, source = apply_answer(answer_text, train_src, FROZEN)
     return [(description, source, answer_text, OVERRIDE, reason)]
 

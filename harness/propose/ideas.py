@@ -114,8 +114,9 @@ def propose(s, backlog, n, running, k=1):
         explore, picks, shaped = outer.section(s, train_src, k)
         gate = functools.partial(gated, s, n, train_src, picks, shaped)
     prompt = PROPOSE_PROMPT.format(
-        program=program_brief(read_text(s.target / "program.md"), s.budget), metric=s.metric, goal=goal_word(s.goal),
-        history=format_history(s.history, s.metric, s.rule.margin, touched_by(s)), pending=pending(s, running),
+        program=program_brief(read_text(s.tag.target / "program.md"), s.tag.budget), metric=s.tag.metric,
+        goal=goal_word(s.tag.goal),
+        history=format_history(s.history, s.tag.metric, s.rule.margin, touched_by(s)), pending=pending(s, running),
         train=train_src, explore=explore and f"\n{explore}\n")
     if k > 1:
         prompt += WAVE_PROMPT.format(k=k)
@@ -201,7 +202,7 @@ def check_new(s, source, others=()):
     """Raise EditError (the message for the LLM) when this train.py was already measured, or is one of `others` (the
     ideas running, about to run, or of the same answer)."""
     if (earlier := measured_as(s, source)) is not None:
-        raise EditError(f"the resulting train.py is the code of experiment {describe(earlier, s.metric)} (comments "
+        raise EditError(f"the resulting train.py is the code of experiment {describe(earlier, s.tag.metric)} (comments "
                         "and spacing aside), already measured: propose a different idea")
     if (mine := fingerprint(source)) and any(fingerprint(i.source) == mine for i in others):
         raise EditError("the resulting train.py is the same as a candidate still running or about to run: propose a "
@@ -235,7 +236,7 @@ def unfinished(s):
     paid again: superseded winners whose re-run on the new best had not started, then the candidates committed but
     not recorded, in experiment order (each its last commit). Each is re-applied to the best like any idea (one that
     no longer applies is dropped then, and the proposer asked)."""
-    events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
+    events = [e for e in ledger.read_events(s.tag.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
     recorded = len(s.history)
     commits = {e["n"]: e for e in events if e.get("event") == Event.COMMIT and e.get("n", -1) >= recorded}
     later, sources = [], set()
@@ -262,7 +263,7 @@ def idea_of(s, commit, rebased_from=None, fix_of=None):
     try:
         c = s.repo.commit(commit)
         base = c.parents[0].hexsha
-        old, new = file_at(s.repo, base, s.train_rel), file_at(s.repo, commit, s.train_rel)
+        old, new = file_at(s.repo, base, s.tag.train_rel), file_at(s.repo, commit, s.tag.train_rel)
     except (GitError, ValueError, IndexError, KeyError) as e:
         s.log(Event.DROPPED, commit=commit, error=f"cannot read the candidate: {e}"[:500])
         return None
@@ -301,7 +302,7 @@ def ask_fix(s, backlog, job, n, reason, log_tail):
     amends its commit (same parent) and becomes experiment n, the idea's next fix, with its own row as every measured
     candidate has (`try --fix` does the same). Returns that Job, or None."""
     with s.lock:                        # the devices' threads use the repository too
-        crashed_src = file_at(s.repo, job.commit, s.train_rel)
+        crashed_src = file_at(s.repo, job.commit, s.tag.train_rel)
     prompt = FIX_PROMPT.format(description=job.idea.description, reason=reason, tail=log_tail, train=crashed_src)
     session.status(s, job.n, f"asking for fix {job.fixes + 1}")
     t0 = time.monotonic()

@@ -218,8 +218,8 @@ def change_at(s, e):
         else:
             try:
                 with s.lock:
-                    before = gitops.file_at(s.repo, e["base"], s.train_rel)
-                    after = gitops.file_at(s.repo, e["full_commit"], s.train_rel)
+                    before = gitops.file_at(s.repo, e["base"], s.tag.train_rel)
+                    after = gitops.file_at(s.repo, e["full_commit"], s.tag.train_rel)
                 cache[e["n"]] = change_of(before, after)
             except (gitops.GitError, ValueError, KeyError):
                 cache[e["n"]] = Change()
@@ -230,7 +230,7 @@ def gain(s, e):
     """How much experiment e beat the best it was measured against, in metric units (> 0: better; 0 for a crash)."""
     if not has_metric(e) or e.get("base_metric") is None:
         return 0.0
-    return (e["base_metric"] - e["metric"]) if s.goal == "min" else (e["metric"] - e["base_metric"])
+    return (e["base_metric"] - e["metric"]) if s.tag.goal == "min" else (e["metric"] - e["base_metric"])
 
 
 def scale(s):

@@ -59,7 +59,7 @@ def state(s):
     if s.outer is not None:
         return s.outer
     st, last = State(), {}
-    events = [e for e in ledger.read_events(s.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
+    events = [e for e in ledger.read_events(s.tag.target / ledger.EVENTS) if e.get("tag") == s.settings.tag]
     for e in events:
         if e.get("event") == Event.MEMORY:
             last = e
@@ -238,11 +238,11 @@ def ask(s, backlog, n, i, what, messages):
 def trace_words(s):
     """The trace the outer loop reads: the history table, each family's tries and best gain, the refusals so far."""
     stats = memory.family_stats(s)
-    refusals = [e for e in ledger.read_events(s.target / ledger.EVENTS)
+    refusals = [e for e in ledger.read_events(s.tag.target / ledger.EVENTS)
                 if e.get("tag") == s.settings.tag and e.get("event") == Event.REFUSED]
     families = ", ".join(f"{f}: {t} tries, best gain {b:+.6f}" if b is not None else f"{f}: {t} tries"
                          for f, (t, _, b) in sorted(stats.items(), key=lambda item: -item[1][0]))
-    return (f"{format_history(s.history, s.metric, s.rule.margin)}\n\nFamilies tried: {families or 'none'}\n"
+    return (f"{format_history(s.history, s.tag.metric, s.rule.margin)}\n\nFamilies tried: {families or 'none'}\n"
             f"Proposals refused before running: {len(refusals)} (" + ", ".join(
                 f"{r}: {sum(e.get('rule') == r for e in refusals)}" for r in sorted({e.get('rule') for e in refusals}))
             + ")")

@@ -61,8 +61,8 @@ def of(s):
     `## Search space`."""
     if s.search is None:
         start = s.history[0]["full_commit"] if s.history else s.best_commit
-        base = file_at(s.repo, start, s.train_rel)
-        space = space_of(base, s.profile, read(s))
+        base = file_at(s.repo, start, s.tag.train_rel)
+        space = space_of(base, s.tag.profile, read(s))
         s.search = Search(space, None)
         open_study(s)
     return s.search
@@ -75,7 +75,7 @@ def open_study(s):
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     files.route_library_logs()         # optuna's own terminal handler, put there by its import: off
-    path, search = s.home / STUDY_DB, s.search
+    path, search = s.tag.home / STUDY_DB, s.search
     problem = None
     if path.exists():
         try:
@@ -112,7 +112,7 @@ def in_memory(s, e):
     said once as a warning, and this invocation goes on with a study in memory rebuilt from the recorded
     experiments (the file catches up at the next start). Raises what the in-memory study raises (a bug)."""
     search = s.search
-    say(s, f"the search's study {s.home / STUDY_DB} cannot be used ({root_words(e)}); this run goes on with a study in memory rebuilt from the {len(s.history)} recorded experiments, and "
+    say(s, f"the search's study {s.tag.home / STUDY_DB} cannot be used ({root_words(e)}); this run goes on with a study in memory rebuilt from the {len(s.history)} recorded experiments, and "
            "the file catches up at the next start")
     search.study, search.pending, search.asked, search.in_memory = None, [], {}, True
     search.study = load(s, None)
@@ -129,7 +129,7 @@ def load(s, path):
     storage = None if path is None else optuna.storages.RDBStorage(
         f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": STUDY_LOCK_WAIT_S}})
     study = optuna.create_study(storage=storage, study_name=s.settings.tag, load_if_exists=True,
-                                direction="minimize" if s.goal == "min" else "maximize")
+                                direction="minimize" if s.tag.goal == "min" else "maximize")
     space = {name: dataclasses.asdict(p) for name, p in s.search.space.items()}
     stored = study.user_attrs.get("space")
     if stored is None:
@@ -192,7 +192,7 @@ def trial_of(s, event, values=None):
         if event["n"] in s.cache.unreadable:
             return None
         try:
-            values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
+            values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.tag.train_rel), s.tag.profile)
         except (GitError, SetupError, ValueError):
             return None
     state, value = outcome_of(event)
@@ -231,12 +231,12 @@ def ask(s, name, source, n, attempt):
     if attempt and (old := search.asked.pop(n, None)) is not None:
         search.pending = [(w, t) for w, t in search.pending if t is not old]
         search.study.tell(old, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-    present = constants(source, s.profile)
+    present = constants(source, s.tag.profile)
     for gone in sorted(set(search.space) - set(present) - search.gone):
         search.gone.add(gone)
         say(s, f"the search continues without {gone}: the best train.py no longer defines it (a code edit removed "
                "or renamed it)")
-    now = values_of(search.space, source, s.profile)
+    now = values_of(search.space, source, s.tag.profile)
     seen = [now] + [t.params for t in search.study.get_trials(deepcopy=False) if "n" in t.user_attrs] + \
         [w for w, _ in search.pending]
     for tries in range(EXHAUSTED):      # a point the best has, or one measured or waiting: the sampler asked again
@@ -244,7 +244,7 @@ def ask(s, name, source, n, attempt):
         seed = random.Random(draw).randrange(2**31)
         search.study.sampler = sampler_for(name, seed)
         trial = search.study.ask({k: p.distribution() for k, p in search.space.items() if k in present})
-        answer, written = write_point(source, s.profile, search.space, trial.params, name)
+        answer, written = write_point(source, s.tag.profile, search.space, trial.params, name)
         if written not in seen:
             search.pending.append((written, trial))
             search.asked[n] = trial
@@ -286,7 +286,7 @@ def attach(s, proposer):
     the study for a search (samplers, grid, hybrid) and say what the search does. Raises SetupError on a bad
     `## Search space` or an empty space."""
     a = s.settings
-    proposer.profile = s.profile
+    proposer.profile = s.tag.profile
     if a.chosen:
         console.say(a.chosen)
     if a.proposer in SAMPLERS:
@@ -294,7 +294,7 @@ def attach(s, proposer):
     if a.proposer not in (*SAMPLERS, "grid", "hybrid"):
         return
     search = of(s)
-    if not search.space and a.proposer != "grid" and parses(file_at(s.repo, s.best_commit, s.train_rel)):
+    if not search.space and a.proposer != "grid" and parses(file_at(s.repo, s.best_commit, s.tag.train_rel)):
         raise SetupError(f"--proposer {a.proposer}: train.py has no UPPER_CASE constant to search in the branch that "
                          "runs (docs/search.md); use an LLM proposer, or name parameters in program.md's "
                          f"{SPACE_HEADING}")
@@ -303,7 +303,7 @@ def attach(s, proposer):
     proposer.names = set(search.space) if named else None      # grid sweeps only what program.md names
     where = f"program.md's {SPACE_HEADING}" if named else "ranges from their values"
     console.say(f"search: {name} over {len(search.space)} constants of train.py ({where}; docs/search.md): "
-                f"{', '.join(search.space)}; study {s.home / STUDY_DB}")
+                f"{', '.join(search.space)}; study {s.tag.home / STUDY_DB}")
 
 
 def tell(s, event):
@@ -314,7 +314,7 @@ def tell(s, event):
         return
     search = s.search
     try:
-        values = values_of(search.space, file_at(s.repo, event["full_commit"], s.train_rel), s.profile)
+        values = values_of(search.space, file_at(s.repo, event["full_commit"], s.tag.train_rel), s.tag.profile)
         match = next((t for w, t in search.pending if w == values), None)
         if match is not None:
             search.pending = [(w, t) for w, t in search.pending if t is not match]
@@ -345,7 +345,7 @@ def state_words(s, metric, limit=12):
     if search.gone:
         lines.append("No longer in train.py (removed by a code edit): " + ", ".join(sorted(search.gone)))
     if done:
-        best = min(done, key=lambda t: t.value) if s.goal == "min" else max(done, key=lambda t: t.value)
+        best = min(done, key=lambda t: t.value) if s.tag.goal == "min" else max(done, key=lambda t: t.value)
         lines.append(f"Best point so far (#{best.user_attrs['n']}, {metric} {best.value:.6f}): "
                      f"{shown(search.space, best.params)}")
     for t in trials[-limit:]:
@@ -363,7 +363,7 @@ def shown(space, params):
 
 def read(s):
     """program.md's text as it is now (the human may edit it while the loop runs)."""
-    return (s.target / "program.md").read_text(encoding="utf-8", errors="replace")
+    return (s.tag.target / "program.md").read_text(encoding="utf-8", errors="replace")
 
 
 def say(s, text):

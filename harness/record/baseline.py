@@ -49,27 +49,26 @@ def record_baseline(s, outcomes, t0, spend0):
                        f"prepare the smaller lab profile (`uv run prepare.py --profile lab --force`)")
         if outcome.metric is None:
             raise Stop(f"the baseline run crashed ({outcome.reason}); nothing to improve on. Fix train.py, commit "
-                       f"it (on {s.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
+                       f"it (on {s.tag.branch} is fine), and rerun the same command. Last lines of {RUN_LOG}:\n"
                        f"{outcome.log_tail}")
     runs = tuple(outcome.metric for outcome in outcomes)
     noise_sd = statistics.stdev(runs) if len(runs) > 1 else None
-    floor, floor_source = verdict.sd_floor(s.metric, runs, outcomes[-1].eval_summary, s.sd_floor_declared)
+    floor, floor_source = verdict.sd_floor(s.tag.metric, runs, outcomes[-1].eval_summary, s.tag.sd_floor_declared)
     probes = [outcome.probe_s for outcome in outcomes if outcome.probe_s]
     judged = verdict.Verdict("keep", runs, statistics.fmean(runs))
     rule, n = s.rule, s.next_n
     again = dict(rebaseline=True) if n else {}     # built on the best; no base_metric: another machine measured it
     record(s, Result(n, outcomes[-1], judged, "baseline on new hardware" if n else "baseline", time.monotonic() - t0,
                      s.spend - spend0, noise_sd=noise_sd, base=s.best_commit if n else None,
-                     fields=dict(**rule.recorded(), seed_base=s.seed_base,         # the tag's rule from now on
+                     fields=dict(**rule.recorded(), seed_base=s.tag.seed_base,         # the tag's rule from now on
                                  sd_floor=floor, floor_source=floor_source,
-                                 base_probe_s=statistics.fmean(probes) if probes else None, timeout_s=s.timeout,
+                                 base_probe_s=statistics.fmean(probes) if probes else None, timeout_s=s.tag.timeout,
                                  **again)))
     if n:
         keep(s, s.history[-1])
-    s.rule = verdict.rule_of(rule.goal, rule.confirm, rule.margin_flag, s.history[-1], verdict=rule.verdict,
-                             false_keep=rule.false_keep)
+    s.rule = verdict.rule_of(rule.goal, baseline=s.history[-1], **verdict.settings_of(rule.recorded()))
     if noise_sd is not None:
-        console.say(f"noise floor: {s.metric} sd {noise_sd:.6f} over {len(runs)} seeds; " + (
+        console.say(f"noise floor: {s.tag.metric} sd {noise_sd:.6f} over {len(runs)} seeds; " + (
             f"candidates are paired with these seeds (false-keep rate {s.rule.false_keep:g})" if s.rule.is_paired
             else f"a candidate must beat the best by {s.rule.margin:.6f} ({s.rule.source})"))
     console.say(max_wall(s).words())
@@ -83,10 +82,10 @@ def baseline_timeout_hint(outcome):
 def holdout_wrap(s):
     """The holdout evaluator's sandbox, the separate evaluator's (its pristine copy, the artifact read-only; bwrap's
     --die-with-parent: a kill -9 of the harness takes it along), on the first device's GPU; None without a sandbox."""
-    if s.eval_wrap is None:
+    if s.sandbox is None:
         return None
     gpu = sandbox.run_gpu(s.pool.devices[0].env if s.pool else {})
-    return lambda argv, artifact: s.eval_wrap(argv, s.home / "frozen", artifact, gpu)
+    return lambda argv, artifact: s.sandbox.evaluate(argv, s.tag.home / "frozen", artifact, gpu)
 
 
 def holdout_line(s):
@@ -96,7 +95,9 @@ def holdout_line(s):
     console.say("holdout: re-scoring the baseline and the best on the hidden holdout split" +
                 (f" (about {sum(took):.0f}s)" if None not in took else "") + " ...")
     try:
-        line = holdout.holdout_summary(s.home, s.history, s.metric, s.goal, s.evaluation["env"], wrap=holdout_wrap(s))
+        tag = s.tag
+        line = holdout.holdout_summary(tag.home, s.history, tag.metric, tag.goal, tag.evaluation["env"],
+                                       wrap=holdout_wrap(s))
     except SetupError as e:
         line = f"holdout: not measured ({str(e).splitlines()[-1]})"
     s.log(Event.HOLDOUT, line=line)

@@ -333,8 +333,8 @@ def refresh(s, live=True, timeout_s=1800.0):
     older than twice timeout_s, a run's hard limit, plus ten minutes) and at its stop (live=False). A failure is one
     warning: the page is a view, never a reason to lose an experiment."""
     try:
-        run = analysis.load_run(s.target / "results.tsv", tag=s.settings.tag)
-        write(run, s.target / PAGE, live=live, stale_s=2 * timeout_s + 600)
+        run = analysis.load_run(s.tag.target / "results.tsv", tag=s.settings.tag)
+        write(run, s.tag.target / PAGE, live=live, stale_s=2 * timeout_s + 600)
     except Exception as e:  # noqa: BLE001  (a view: any failure is a warning)
         if not s.dashboard_warned:
             s.dashboard_warned = True

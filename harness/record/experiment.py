@@ -41,19 +41,19 @@ def commit(s, n, source, message, fix=0, amend=None, fix_of=None, same=False):
     as refs/autoresearch/<tag>/<n>-<sha7>. Returns the full sha."""
     s.log(Event.CANDIDATE, n=n, fix=fix, fix_of=fix_of, parent=s.best_commit, blob=git_blob_sha(source.encode()),
           message=message)
-    stage = gitops.open_stage(s.repo, s.home / "stage", amend or s.best_commit)
-    (Path(stage.working_tree_dir) / s.train_rel).write_text(source)
+    stage = gitops.open_stage(s.repo, s.tag.home / "stage", amend or s.best_commit)
+    (Path(stage.working_tree_dir) / s.tag.train_rel).write_text(source)
     gitops.set_aside_damaged(s.repo, source.encode())     # an unreadable discard's train.py proposed again
     body = f"{message}\n\nautoresearch: tag {s.settings.tag}, experiment {n}"
-    sha = gitops.commit_file(stage, s.train_rel, redact(body), amend=amend is not None, allow_empty=same)
-    if (s.repo.commit(sha).tree / s.train_rel).hexsha != git_blob_sha(source.encode()):
+    sha = gitops.commit_file(stage, s.tag.train_rel, redact(body), amend=amend is not None, allow_empty=same)
+    if (s.repo.commit(sha).tree / s.tag.train_rel).hexsha != git_blob_sha(source.encode()):
         raise Stop(f"the candidate commit {sha[:7]} holds another train.py than the one proposed: a git filter "
                    "(filter.*.clean in your git config, with a .gitattributes or info/attributes line) rewrote it; "
                    "remove that filter, then rerun")
     changed = s.repo.git.diff("--name-only", s.best_commit, sha).split()
-    if changed != ([] if same else [s.train_rel]):   # a hook (or a planted one) added files to the commit
+    if changed != ([] if same else [s.tag.train_rel]):   # a hook (or a planted one) added files to the commit
         raise Stop(f"the candidate commit {sha[:7]} changes {', '.join(changed) or 'nothing'}, not only "
-                   f"{s.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
+                   f"{s.tag.train_rel}: a git hook altered it (check .git/hooks and core.hooksPath); the agent commits "
                    "train.py only")
     s.expect_ref(gitops.make_candidate_ref(s.repo, s.settings.tag, n, sha))
     s.log(Event.COMMIT, n=n, fix=fix, fix_of=fix_of, full_commit=sha)
@@ -64,11 +64,11 @@ def evaluator_only_inside(s):
     """The evaluator-only paths committed with the target, relative to it (prepare.py --frozen-inputs names them in
     evaluator_only_in_target, or lists them in evaluator_only under the target or its pristine copy): a corpus
     committed with the target holds the validation text, so no run dir gets a copy."""
-    inputs = (s.evaluation or {}).get("inputs") or {}
+    inputs = (s.tag.evaluation or {}).get("inputs") or {}
     found = [str(p) for p in inputs.get("evaluator_only_in_target", [])]
     for p in inputs.get("evaluator_only", []):
         path = Path(p).resolve()
-        for root in (s.target, (s.home / "frozen").resolve()):
+        for root in (s.tag.target, (s.tag.home / "frozen").resolve()):
             if path.is_relative_to(root):
                 found.append(path.relative_to(root).as_posix())
     return found
@@ -93,7 +93,7 @@ class RunWatch(Watch):
         s.log(Event.RUN, n=spec.n, fix=spec.fix, run=spec.run, seed=spec.seed, commit=spec.commit[:7], pgid=pgid,
               timeout_s=timeout_s(spec.timeout), cwd=str(spec.run_dir),
               device=spec.device.name if spec.device else None,
-              sandbox=s.settings.sandbox if s.wrap is not None or pgid is None else "off", best=self.best or None)
+              sandbox=s.settings.sandbox if s.sandbox is not None or pgid is None else "off", best=self.best or None)
 
     def phase(self, name):
         self.current = name
@@ -123,7 +123,7 @@ class RunWatch(Watch):
     def keep_artifact(self, path):
         if not self.best:
             with self.s.lock:
-                holdout.keep_artifact(self.s.home, self.spec.n, self.s.evaluation["artifact"], path)
+                holdout.keep_artifact(self.s.tag.home, self.spec.n, self.s.tag.evaluation["artifact"], path)
 
 
 def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
@@ -139,26 +139,28 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     says of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
     harness.run.hardware). Safe to call from several threads at once. Returns the runner's Outcome."""
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
-    seed, run_dir = run_seed(s, n, run), s.home / "runs" / secrets.token_hex(8)
-    frozen_dir, ev = s.home / (device.frozen if device else "frozen"), s.evaluation or {}
-    env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{s.budget:g}", "AUTORESEARCH_SEED": str(seed),
+    tag = s.tag
+    seed, run_dir = run_seed(s, n, run), tag.home / "runs" / secrets.token_hex(8)
+    frozen_dir, ev = tag.home / (device.frozen if device else "frozen"), tag.evaluation or {}
+    env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{tag.budget:g}", "AUTORESEARCH_SEED": str(seed),
            "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
            "AUTORESEARCH_ARTIFACT": str(run_dir / ev.get("artifact", "artifact")),
-           **s.sandbox_env, **(device.env if device else {})}
+           **(s.sandbox.env if s.sandbox else {}), **(device.env if device else {})}
 
     def fresh_frozen():                              # a fresh pristine evaluator right before it runs
         with s.lock:
             export_frozen(s, frozen_dir)
 
-    spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, s.metric,
-                run_timeout(s), s.budget if s.evaluation is not None else None, None if s.baseline_due else max_wall(s),
-                s.evaluation and {**s.evaluation, "timeout": eval_timeout(s)}, fresh_frozen, device, s.speed_probe,
+    evaluation = tag.evaluation and {**tag.evaluation, "timeout": eval_timeout(s)}
+    spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, tag.metric,
+                run_timeout(s), tag.budget if evaluation else None, None if s.baseline_due else max_wall(s),
+                evaluation, fresh_frozen, device, tag.speed_probe,
                 cancel_watcher(s, n, run, sha, base))
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
-        gitops.export_commit(s.repo, sha, s.target_rel, run_dir, leave_out=evaluator_only_inside(s))
+        gitops.export_commit(s.repo, sha, tag.target_rel, run_dir, leave_out=evaluator_only_inside(s))
         spec.log.parent.mkdir(parents=True, exist_ok=True)
-        if s.speed_probe and not (frozen_dir / "prepare.py").is_file() and (device is None or device.remote is None):
+        if tag.speed_probe and not (frozen_dir / "prepare.py").is_file() and (device is None or device.remote is None):
             export_frozen(s, frozen_dir)    # a device's first run: the probe before training runs from its copy
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
@@ -175,7 +177,7 @@ def after_run(s, spec, outcome, best):
     curves.save(curve, spec.log)
     with s.lock:
         if spec.log.exists():
-            files.copy_record(spec.log, s.target / RUN_LOG)
+            files.copy_record(spec.log, s.tag.target / RUN_LOG)
         if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own
             s.cache.curves.setdefault(sha[:7], {})[seed] = curve
         if outcome.cancel is not None:
@@ -207,7 +209,7 @@ def after_run(s, spec, outcome, best):
 def log_path(s, n, fix, run=0, best=False):
     """Where the log of run `run` of experiment n's candidate (fix number `fix`; best: the best's commit run again
     at that seed) is kept: <harness dir>/logs/0007-0.log, 0007-1-r2.log, 0007-0-r1-best.log; its curve beside it."""
-    return s.home / "logs" / (f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "") + ".log")
+    return s.tag.home / "logs" / (f"{n:04d}-{fix}" + (f"-r{run}" if run else "") + ("-best" if best else "") + ".log")
 
 
 def cancel_watcher(s, n, run, sha, base):
@@ -221,8 +223,9 @@ def cancel_watcher(s, n, run, sha, base):
     rule = curves.rule_name(s.settings.cancel)
     if rule is None or not n or run or base is None or not s.history:
         return None
-    if s.wrap is None and sum(d.remote is None for d in s.devices) > 1:    # unsandboxed runs side by side could write into each
-        return None                                            # other's logs: curves are then not evidence
+    # unsandboxed runs side by side could write into each other's logs: curves are then not evidence
+    if s.sandbox is None and sum(d.remote is None for d in s.devices) > 1:
+        return None
     with s.lock:
         baseline, original = ledger.baseline_of(s.history)["full_commit"], s.history[0]["full_commit"]
         known = {c: dict(s.cache.curves.get(c[:7], {})) for c in (base, baseline)}
@@ -357,9 +360,9 @@ def record(s, result):
                   wall_seconds=round(r.wall, 3), train_seconds=round(outcome.seconds, 3),
                   llm_seconds=round(r.spend.llm_seconds, 3), input_tokens=r.spend.input_tokens,
                   output_tokens=r.spend.output_tokens, cost_usd=round(r.spend.usd, 6), proposer=s.settings.proposer,
-                  repairs=r.repairs, fixes=r.fixes, budget_s=s.budget, smoke=s.smoke,
+                  repairs=r.repairs, fixes=r.fixes, budget_s=s.tag.budget, smoke=s.tag.smoke,
                   base=r.base or s.best_commit, base_metric=r.base_metric if r.base else s.best_metric,
-                  idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.wrap is not None,
+                  idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.sandbox is not None,
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,
                   eval_seconds=round(outcome.eval_seconds, 3), probe_s=outcome.probe_s,
                   best_runs=list(r.judged.best) or None, remeasured=r.judged.remeasured or None, t=r.judged.t,
@@ -387,13 +390,13 @@ def check_environment(s, n):
     """After experiment n crashed: was it the machine? Raises Stop, before anything is recorded (so a rerun redoes
     the candidate), when the disk of the repository or the harness dir is full, or `prepare.py --check` fails (the
     prepared data deleted or damaged). Returns None when the machine is fine: the crash is the idea's."""
-    for place in (s.target, s.home):
+    for place in (s.tag.target, s.tag.home):
         free = shutil.disk_usage(place).free
         if free < FREE_BYTES:
             raise Stop(f"disk full at {place} ({free / 2**20:.1f} MiB free): free some space, then rerun the same "
                        f"command; experiment #{n}'s crash is not counted, it runs again")
     try:
-        run_prepare(s.target, "--check", timeout=600, env=(s.evaluation or {}).get("env"))
+        run_prepare(s.tag.target, "--check", timeout=600, env=(s.tag.evaluation or {}).get("env"))
     except SetupError as e:
         raise Stop(f"the prepared data is not usable any more ({str(e).strip().splitlines()[-1]}): prepare it again "
                    f"(uv run prepare.py), then rerun the same command; experiment #{n}'s crash is not counted, it "
@@ -405,14 +408,14 @@ def keep(s, event):
     """A kept experiment becomes the best: the branch moves to its commit (update-ref, old value checked) and the
     session's best with it. The only place either moves after the start. A branch someone checked out meanwhile
     (`git switch`, a worktree) is never moved under them: raises Stop (the keep is recorded; a rerun moves it)."""
-    where = gitops.checked_out_in(s.repo, s.branch)
+    where = gitops.checked_out_in(s.repo, s.tag.branch)
     if where:
-        raise Stop(f"{s.branch} was checked out in {', '.join(where)} while the loop ran; the loop never moves a "
+        raise Stop(f"{s.tag.branch} was checked out in {', '.join(where)} while the loop ran; the loop never moves a "
                    f"branch under a checkout. Experiment #{event['n']} was kept and recorded, the branch not moved. "
-                   f"`git switch -` there (to read the best use `git show {s.branch}:train.py`, or a detached "
-                   f"worktree: `git worktree add --detach DIR {s.branch}`), then rerun the same command to resume")
-    gitops.advance_branch(s.repo, s.branch, event["full_commit"], s.best_commit)
-    s.expect_ref(f"refs/heads/{s.branch}")
+                   f"`git switch -` there (to read the best use `git show {s.tag.branch}:train.py`, or a detached "
+                   f"worktree: `git worktree add --detach DIR {s.tag.branch}`), then rerun the same command to resume")
+    gitops.advance_branch(s.repo, s.tag.branch, event["full_commit"], s.best_commit)
+    s.expect_ref(f"refs/heads/{s.tag.branch}")
     s.best_commit = event["full_commit"]        # its metric: s.best_metric, from the history
 
 
@@ -432,28 +435,28 @@ def run_seed(s, n, run):
     experiment (the baseline's run r and each candidate's run r share init and data order: common random numbers),
     else seed_of(seed_base, n, run). A tag whose baseline recorded no seed_base (from before it was drawn) keeps the
     seeds it was measured with, 1000 n + run."""
-    if s.seed_base is None:
+    if s.tag.seed_base is None:
         return 1000 * n + run
-    return s.seed_base + run if s.rule.is_paired else seed_of(s.seed_base, n, run)
+    return s.tag.seed_base + run if s.rule.is_paired else seed_of(s.tag.seed_base, n, run)
 
 
 def max_wall(s):
     """The wall time train.py may take (a conditions.Allowance): the budget plus the baseline's measured overhead
     (its wall time minus the budget) scaled by the speed probe, times K, the CPU workers sharing this machine
-    (--devices cpu:K: K runs import and compile at once; else 1); tight unless the budget is a smoke one (s.smoke).
+    (--devices cpu:K: K runs import and compile at once; else 1); tight unless the budget is a smoke one (s.tag.smoke).
     None before the baseline is measured."""
     if not s.history:
         return None
     base = ledger.baseline_of(s.history)            # this hardware's
-    return conditions.Allowance(s.budget, max(0.0, base["train_seconds"] - s.budget), base.get("base_probe_s"),
-                                s.pool.cpu_workers if s.pool else 1, comparable=not s.smoke)
+    return conditions.Allowance(s.tag.budget, max(0.0, base["train_seconds"] - s.tag.budget), base.get("base_probe_s"),
+                                s.pool.cpu_workers if s.pool else 1, comparable=not s.tag.smoke)
 
 
 def run_timeout(s):
-    """The hard limit on a training run (a conditions.Timeout of its speed probe): s.timeout (--timeout, or the one
+    """The hard limit on a training run (a conditions.Timeout of its speed probe): s.tag.timeout (--timeout, or the one
     the tag's baseline recorded) when there is one, else target.default_timeout before the baseline and twice the
     wall-time allowance (max_wall) after it."""
-    return conditions.Timeout(default_timeout(s.budget), s.timeout, None if s.baseline_due else max_wall(s))
+    return conditions.Timeout(default_timeout(s.tag.budget), s.tag.timeout, None if s.baseline_due else max_wall(s))
 
 
 EVAL_FIRST_S = 1800.0   # the baseline's separate evaluations may take this long (nothing is known of the machine yet)
@@ -467,7 +470,7 @@ def eval_timeout(s):
     --timeout, when given, when it is longer."""
     base = None if s.baseline_due else ledger.baseline_of(s.history)
     sized = EVAL_FIRST_S if base is None else EVAL_TIMES * (base.get("eval_seconds") or 0.0) + EVAL_SLACK_S
-    return max(sized, s.timeout or 0.0)
+    return max(sized, s.tag.timeout or 0.0)
 
 
 def stopped(s, **fields):

@@ -32,11 +32,11 @@ class Ledger(Sink):
     """The results.tsv row (karpathy's 5 columns) and the commit's git note, both derived from the event."""
 
     def on_record(self, s, event, result, context):
-        gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.metric))
+        gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.tag.metric))
         s.expect_ref(gitops.NOTES_REF)
-        files.append_line(s.target / ledger.RESULTS, ledger.results_row(event))
+        files.append_line(s.tag.target / ledger.RESULTS, ledger.results_row(event))
         for snap in s.live:
-            snap.appended(s.target / ledger.RESULTS, ledger.results_row(event) + "\n")
+            snap.appended(s.tag.target / ledger.RESULTS, ledger.results_row(event) + "\n")
 
 
 class Study(Sink):
@@ -50,7 +50,7 @@ class Artifacts(Sink):
     """Only the baseline's and the best's model artifacts are kept (for the holdout)."""
 
     def on_record(self, s, event, result, context):
-        holdout.prune_artifacts(s.home, (0, ledger.baseline_of(s.history)["n"], s.best_event["n"]), len(s.history))
+        holdout.prune_artifacts(s.tag.home, (0, ledger.baseline_of(s.history)["n"], s.best_event["n"]), len(s.history))
 
 
 class Line(Sink):
@@ -61,7 +61,7 @@ class Line(Sink):
         metric = result.judged.metric if status != "crash" else None
         s.last = f"{status} {metric:.6f}" if metric is not None else status
         shown, best = f"{metric:.6f}" if metric is not None else "-", metric if status == "keep" else s.best_metric
-        console.say(f"#{result.n:<4} {status:<7} {s.metric} {shown:<10} best {best:.6f}  {result.wall:5.0f}s  "
+        console.say(f"#{result.n:<4} {status:<7} {s.tag.metric} {shown:<10} best {best:.6f}  {result.wall:5.0f}s  "
                     f"{event['description']}")
 
 

@@ -73,7 +73,7 @@ def start(s):
         if db.parent.resolve().is_relative_to(root):
             gitops.ensure_ignored(s.repo, [db, db.with_name(db.name + "-journal"), db.parent / ARTIFACTS])
     elif urlparse(uri).scheme.split("+")[0] not in ("http", "https", "databricks", "file"):
-        artifacts = (s.target / ARTIFACTS).as_uri()     # another database: artifacts beside the target, not the cwd
+        artifacts = (s.tag.target / ARTIFACTS).as_uri()     # another database: artifacts beside the target, not the cwd
     try:
         load()
     except Exception as e:      # ImportError; or an install broken another way
@@ -171,8 +171,9 @@ def contents(s, event, log):
     per-mille); params: the constants it changed (their new values; "(removed)"), the tag, its base commit; tags:
     status, kind, commit (full sha), branch, proposer, hardware_epoch, budget_s, smoke; the note: the row's
     description with its labels."""
-    metrics = [(s.metric, event["metric"], 0)] if ledger.has_metric(event) else []
-    metrics += [(f"{s.metric}_run", value, i) for i, value in enumerate(event.get("runs") or []) if value is not None]
+    metrics = [(s.tag.metric, event["metric"], 0)] if ledger.has_metric(event) else []
+    metrics += [(f"{s.tag.metric}_run", value, i) for i, value in enumerate(event.get("runs") or [])
+                if value is not None]
     for key in ("memory_gb", "wall_seconds", "train_seconds", "eval_seconds", "tokens_per_sec", "cost_usd"):
         if isinstance(event.get(key), (int, float)):
             metrics.append((key, float(event[key]), 0))
@@ -184,10 +185,10 @@ def contents(s, event, log):
                     if q.tokens_per_sec is not None]
     params = {"tag": s.settings.tag, "base": event["base"]}
     if event["n"] > 0:
-        before, after = (gitops.file_at(s.repo, c, s.train_rel) for c in (event["base"], event["full_commit"]))
+        before, after = (gitops.file_at(s.repo, c, s.tag.train_rel) for c in (event["base"], event["full_commit"]))
         params.update({name: "(removed)" if new is None else redact(new)[:500]
                        for name, (_, new) in memory.constants_changed(before, after).items()})
-    tags = {"status": event["status"], "kind": event["kind"], "commit": event["full_commit"], "branch": s.branch,
+    tags = {"status": event["status"], "kind": event["kind"], "commit": event["full_commit"], "branch": s.tag.branch,
             "proposer": event["proposer"], "mlflow.note.content": ledger.results_row(event).split("\t", 4)[4],
             "hardware_epoch": str(event.get("hardware_epoch") or 1), "budget_s": f"{event['budget_s']:g}",
             "smoke": str(bool(event.get("smoke"))).lower()}     # a smoke or another hardware's run is told apart
@@ -199,7 +200,7 @@ def artifacts(s, event, result, log):
     log_tail.txt (the first run's last lines), secrets redacted."""
     found = {}
     if event["base"] != event["full_commit"]:
-        found["diff.patch"] = redact(s.repo.git.diff(event["base"], event["full_commit"], "--", s.train_rel) + "\n")
+        found["diff.patch"] = redact(s.repo.git.diff(event["base"], event["full_commit"], "--", s.tag.train_rel) + "\n")
     tail = result.outcome.log_tail
     if not tail and Path(log).is_file():
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])

@@ -69,7 +69,7 @@ class Watch:
 class Local:
     """Runs on this machine, watched by the guard: a snapshot of everything outside the run dir that a run must not
     change (refs, results.tsv, events.jsonl, the frozen copy; without the sandbox also git's config and hooks), the
-    runner (sandboxed where s.wrap is set), then the check; a run that changed anything is rejected. s: the Session
+    runner (sandboxed where s.sandbox is set), then the check; a run that changed anything is rejected. s: the Session
     (its repository, lock and the snapshots in flight)."""
 
     def __init__(self, s):
@@ -79,19 +79,20 @@ class Local:
         """One run: runner.run with the separate evaluation; the run dir is removed afterwards (the artifact moved
         out first when it is a clean one). Returns the Outcome (kind REJECTED when the guard found changes)."""
         s = self.s
-        snapshot = self.snapshot(spec) if s.wrap is None else None   # sandboxed: the repository is out of its reach
+        box = s.sandbox
+        snapshot = self.snapshot(spec) if box is None else None   # sandboxed: the repository is out of its reach
         gpu = sandbox.run_gpu(spec.env)
         artifact = spec.run_dir / (spec.evaluation or {}).get("artifact", "artifact")
         evaluation = None
-        eval_wrap = (lambda argv: s.eval_wrap(argv, spec.frozen_dir, artifact, gpu)) if s.wrap else (lambda a: a)
+        eval_wrap = (lambda argv: box.evaluate(argv, spec.frozen_dir, artifact, gpu)) if box else (lambda a: a)
         if spec.evaluation is not None:
             evaluation = runner.Evaluation(
                 prepare_dir=spec.frozen_dir, artifact=artifact, digest=spec.evaluation["digest"],
-                tolerance=spec.evaluation["tolerance"], own_required=s.wrap is None, setup=spec.fresh_frozen,
+                tolerance=spec.evaluation["tolerance"], own_required=box is None, setup=spec.fresh_frozen,
                 wrap=eval_wrap, timeout=spec.evaluation.get("timeout"))
         run = runner.RunSpec(
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
-            frozen=FROZEN, env=spec.env, wrap=(lambda argv: s.wrap(argv, spec.run_dir, gpu)) if s.wrap else (lambda a: a),
+            frozen=FROZEN, env=spec.env, wrap=(lambda argv: box.train(argv, spec.run_dir, gpu)) if box else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
             on_tick=watch.tick, on_phase=watch.phase, cancel=spec.cancel,
             probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env})
@@ -103,7 +104,7 @@ class Local:
                 problems = []
                 if snapshot is not None:
                     s.live.remove(snapshot)
-                    problems = guard.check(s.repo, snapshot, frozen=s.frozen_rels, keep_dir=s.home / "changed",
+                    problems = guard.check(s.repo, snapshot, frozen=s.tag.frozen_rels, keep_dir=s.tag.home / "changed",
                                            others=s.live)
                 if spec.evaluation is not None and runner.artifact_problem(artifact) is None:
                     watch.keep_artifact(artifact)
@@ -118,7 +119,7 @@ class Local:
         run in flight (told of the harness's own changes meanwhile)."""
         s = self.s
         git_dir = gitops.git_dir(s.repo)
-        own = [s.target / ledger.RESULTS, s.target / ledger.EVENTS, *s.target.glob("results.*.tsv"),
+        own = [s.tag.target / ledger.RESULTS, s.tag.target / ledger.EVENTS, *s.tag.target.glob("results.*.tsv"),
                *spec.frozen_dir.rglob("*.py"), git_dir / "config", gitops.global_config(s.repo), *gitops.user_configs()]
         dirs = [git_dir / "hooks", git_dir / "info"]         # and what would make git run a program of the run's
         with s.lock:

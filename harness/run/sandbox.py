@@ -140,6 +140,23 @@ def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
                 gpu=gpu)
 
 
+class Tagged:
+    """A tag's sandbox (harness.tag.opening makes it when bubblewrap is available): the argv of its train.py and of
+    its evaluator, each in its view. inputs() -> what `prepare.py --frozen-inputs` declares (None: not read yet),
+    asked at every wrap; hide: the repository and its git dir; env: scratch_env()."""
+
+    def __init__(self, inputs, hide):
+        self.inputs, self.hide, self.env = inputs, list(hide), scratch_env()
+
+    def train(self, argv, run_dir, gpu):
+        """train_argv of this tag."""
+        return train_argv(argv, run_dir, self.inputs(), gpu, hide=self.hide)
+
+    def evaluate(self, argv, frozen_dir, artifact, gpu):
+        """eval_argv of this tag."""
+        return eval_argv(argv, frozen_dir, artifact, self.inputs(), gpu)
+
+
 def wrap(argv, *, run_dir, expose=(), hide=(), chdir=None, gpu="", scratch_bytes=None, no_fork=False,
          _confine=None):
     """The bwrap argv that runs argv (a list, never a shell string) confined (see the module docstring).

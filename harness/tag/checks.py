@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from harness import files, gitops, ledger
+from harness.judge import verdict
 from harness.propose.edits import fingerprint
 from harness.errors import SetupError
 from harness.propose.providers import price_key
@@ -16,8 +17,8 @@ from harness.run.target import FROZEN
 
 def one_target(s):
     """One tag, one target: the branch and the harness dir are per repository."""
-    owner = s.home / "target"
-    if owner.is_file() and owner.read_text() != s.target_rel:
+    owner = s.tag.home / "target"
+    if owner.is_file() and owner.read_text() != s.tag.target_rel:
         raise SetupError(f"tag {s.settings.tag!r} belongs to the target {owner.read_text() or '(the repository root)'!r}"
                          " of this repository; pick another --tag for this target")
 
@@ -65,12 +66,12 @@ def readable(s):
     for e in s.history:
         try:
             commit = check(s.repo.commit(e["full_commit"]))
-            for rel in [s.train_rel, *s.frozen_rels]:
+            for rel in [s.tag.train_rel, *s.tag.frozen_rels]:
                 tree = check(commit.tree)
                 for part in Path(rel).parts[:-1]:
                     tree = check(tree / part)
                 blob = check(tree / Path(rel).name)
-                if rel == s.train_rel:
+                if rel == s.tag.train_rel:
                     s.cache.prints[e["n"]] = fingerprint(content[blob.binsha].decode("utf-8", "replace"))
                     s.cache.blobs[e["n"]] = blob.hexsha
         except (gitops.GitError, ValueError, KeyError, OSError) as err:
@@ -96,10 +97,10 @@ def readable(s):
 
 def one_budget(s):
     """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
-    started = next((e.get("budget_s") for e in s.history if e.get("budget_s") is not None), s.budget)
-    if started != s.budget:
+    started = next((e.get("budget_s") for e in s.history if e.get("budget_s") is not None), s.tag.budget)
+    if started != s.tag.budget:
         raise SetupError(f"tag {s.settings.tag!r} was measured with a {started:g} s budget and this run has "
-                         f"{s.budget:g} s: its numbers would not be comparable. Use the same budget "
+                         f"{s.tag.budget:g} s: its numbers would not be comparable. Use the same budget "
                          "(AUTORESEARCH_TIME_BUDGET) to resume it, or start a new --tag")
 
 
@@ -110,9 +111,8 @@ def one_rule(s, recorded):
     a = s.settings
     if recorded is None:
         return
-    asked = {"--confirm": (a.confirm, recorded["confirm"]), "--margin": (a.margin, recorded["margin"]),
-             "--verdict": (a.verdict, recorded["verdict"]),
-             "--false-keep-rate": (a.false_keep, recorded["false_keep"])}
+    asked = {flag: (getattr(a, key, None), recorded.get(key))
+             for key, flag in (verdict.COMMON | verdict.own_flags()).items()}
     other = [f"{flag} {given} (the tag's: {f'none: {s.rule.source}' if mine is None else mine})"
              for flag, (given, mine) in asked.items() if given is not None and given != mine]
     if other:
@@ -123,7 +123,7 @@ def one_rule(s, recorded):
 
 def no_stray_rows(s, all_events):
     """results.tsv holds agent.py's rows only: rows no event accounts for are never silently started over."""
-    _, strays = ledger.rows_by_tag(s.target / ledger.RESULTS, all_events)
+    _, strays = ledger.rows_by_tag(s.tag.target / ledger.RESULTS, all_events)
     if strays:
         raise SetupError(f"{ledger.RESULTS} holds {len(strays)} row(s) that {ledger.EVENTS} does not account for "
                          f"(the first: {strays[0][:80]!r}): written by hand, by an agent following program.md's manual "
@@ -134,7 +134,7 @@ def no_stray_rows(s, all_events):
 
 def committed_frozen(s, changed):
     """The target's frozen files must be committed (their uncommitted edits would be silently ignored)."""
-    dirty = [rel for rel in changed if rel in s.frozen_rels]
+    dirty = [rel for rel in changed if rel in s.tag.frozen_rels]
     if dirty:
         raise SetupError(f"uncommitted changes to {', '.join(dirty)}: the experiments run committed code only, so "
                          "these edits would be ignored (and the frozen files are never yours to edit). agent.py never "
@@ -155,9 +155,9 @@ def no_stale_git_locks(s):
 
 def branch_not_checked_out(s):
     """The ratchet branch moves by update-ref: no worktree may have it checked out."""
-    where = gitops.checked_out_in(s.repo, s.branch)
+    where = gitops.checked_out_in(s.repo, s.tag.branch)
     if where:
-        raise SetupError(f"{s.branch} is checked out in {', '.join(where)}; the agent moves that branch itself and "
+        raise SetupError(f"{s.tag.branch} is checked out in {', '.join(where)}; the agent moves that branch itself and "
                          "never touches your checkout: `git switch -` (or any other branch) there, then rerun")
 
 
@@ -165,8 +165,8 @@ def train_edit_not_ignored(s, changed, here, best_bytes, measured):
     """The loop takes the best commit's train.py, so an uncommitted edit in your checkout would be ignored, unless it
     is one this tag already measured (what `try` leaves there). here: your train.py's bytes; best_bytes: the best
     commit's; measured: whether `here` is some experiment's train.py."""
-    if s.settings.command == "loop" and s.train_rel in changed and here != best_bytes and not measured:
-        raise SetupError(f"uncommitted changes to {s.train_rel}: the experiments run committed code only, so these "
+    if s.settings.command == "loop" and s.tag.train_rel in changed and here != best_bytes and not measured:
+        raise SetupError(f"uncommitted changes to {s.tag.train_rel}: the experiments run committed code only, so these "
                          "edits would be ignored. agent.py never stashes, resets or deletes your work: commit or stash "
                          "them yourself (or run them with `uv run agent.py try`), then rerun")
 
@@ -180,7 +180,7 @@ def try_baseline_state(s, here, best, best_bytes, describe):
     if not a.baseline and not s.history:
         raise SetupError(f"tag {tag!r} has no baseline yet: run `uv run agent.py try --tag {tag} --baseline` first")
     if a.baseline and s.history and not a.new_hardware:    # --new-hardware: try_baseline_due decides
-        raise SetupError(f"tag {tag!r} already has its baseline ({describe(s.history[0], s.metric)}): edit "
+        raise SetupError(f"tag {tag!r} already has its baseline ({describe(s.history[0], s.tag.metric)}): edit "
                          f"train.py and run `uv run agent.py try --tag {tag} -m \"<idea>\"`")
     if a.baseline and here != best_bytes and not s.history:     # a new hardware's measures the best's, as it is
         raise SetupError(f"train.py in your checkout differs from the committed one ({best}), which the baseline "
@@ -190,26 +190,27 @@ def try_baseline_state(s, here, best, best_bytes, describe):
 
 def branch_exists_for_history(s):
     """A tag with experiments needs its branch."""
-    if s.history and s.branch not in s.repo.heads:
-        raise SetupError(f"{ledger.EVENTS} has experiments for tag {s.settings.tag!r} but branch {s.branch} is gone; "
-                         f"restore it with `git branch {s.branch} {s.best_event['full_commit']}` or pick a new --tag")
+    if s.history and s.tag.branch not in s.repo.heads:
+        raise SetupError(f"{ledger.EVENTS} has experiments for tag {s.settings.tag!r} but branch {s.tag.branch} is "
+                         f"gone; restore it with `git branch {s.tag.branch} {s.best_event['full_commit']}` or pick a "
+                         "new --tag")
 
 
 def human_commits_leave_measured_files(s, tip):
     """Commits a human added on top of the best (steering: program.md, notes) may stay only when they leave train.py
     and the frozen files as measured."""
     untouched = s.repo.is_ancestor(s.best_commit, tip) and not s.repo.git.diff(
-        "--name-only", s.best_commit, tip, "--", s.train_rel, *s.frozen_rels)
+        "--name-only", s.best_commit, tip, "--", s.tag.train_rel, *s.tag.frozen_rels)
     if not untouched:
-        raise SetupError(f"{s.branch} points at {tip[:7]}, which changes train.py or {', '.join(FROZEN)} after the "
+        raise SetupError(f"{s.tag.branch} points at {tip[:7]}, which changes train.py or {', '.join(FROZEN)} after the "
                          f"best commit {s.best_commit[:7]} (or does not descend from it), so its result is unknown; "
-                         f"move those commits elsewhere (e.g. `git branch -f {s.branch} {s.best_commit[:7]}` after "
+                         f"move those commits elsewhere (e.g. `git branch -f {s.tag.branch} {s.best_commit[:7]}` after "
                          "saving them on another branch), or start a new --tag from them")
 
 
 def one_sandbox_rule(s):
     """One sandbox rule per tag, like one budget."""
-    if s.history and s.history[0].get("sandbox") and s.wrap is None:
+    if s.history and s.history[0].get("sandbox") and s.sandbox is None:
         raise SetupError(f"tag {s.settings.tag!r} was measured inside the sandbox and this run would be without it "
                          f"(--sandbox {s.settings.sandbox}): its numbers would not be held to the same rules. Run it "
                          "with --sandbox auto or bwrap (bubblewrap installed), or start a new --tag")
@@ -257,7 +258,7 @@ def try_baseline_due(s, describe):
         return
     if a.baseline and not s.baseline_due:
         raise SetupError(f"tag {tag!r} already has its baseline on this hardware ("
-                         f"{describe(ledger.baseline_of(s.history), s.metric)}): edit train.py and run `uv run "
+                         f"{describe(ledger.baseline_of(s.history), s.tag.metric)}): edit train.py and run `uv run "
                          f"agent.py try --tag {tag} -m \"<idea>\"`")
     if not a.baseline and s.baseline_due:
         raise SetupError(f"tag {tag!r} continues on new hardware (epoch {s.hardware_epoch}) whose baseline is not "
@@ -269,7 +270,7 @@ def start_warnings(s, devices, is_llm):
     sandbox (a run can see the runs beside it); a cost limit that cannot stop a model with no price."""
     a, found = s.settings, []
     local = [d for d in devices if d.remote is None]     # runs beside each other on this machine
-    if len(local) > 1 and s.wrap is None:   # same user, same machine, nothing in between
+    if len(local) > 1 and s.sandbox is None:   # same user, same machine, nothing in between
         found.append(f"{len(local)} devices without the sandbox: a run can see and rewrite the files of the runs "
                      "beside it. Install bubblewrap (--sandbox auto) before trusting an unattended run's verdicts")
     if is_llm and a.max_cost_usd is not None and price_key(a.model) is None:

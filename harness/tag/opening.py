@@ -6,6 +6,7 @@ hardware fingerprint, the outputs a kill left unwritten, the runs each commit me
 (harness.tag.session) the steps of an experiment work on.
 """
 
+import dataclasses
 import json
 import secrets
 import shutil
@@ -24,9 +25,10 @@ from harness.propose.search import STUDY_DB
 from harness.tag.tagview import tag_state
 from harness.run.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
                              run_prepare)
-from harness.judge.verdict import DEFAULT_CONFIRM, FALSE_KEEP, PAIRED_CONFIRM, rule_of
+from harness.judge.verdict import DEFAULT_CONFIRM, PAIRED_CONFIRM, rule_of
 from harness.schema import Event
-from harness.tag.session import RUN_LOG, TRY_LOG, Session, describe, duplicate_of, export_frozen, file_at_bytes
+from harness.tag.session import (RUN_LOG, TRY_LOG, Session, TagConfig, describe, duplicate_of, export_frozen,
+                                  file_at_bytes)
 
 
 def open_session(settings, profile=None, devices=()):
@@ -45,7 +47,7 @@ def open_session(settings, profile=None, devices=()):
     s = new_session(settings, target, constants, state, profile)
     s.devices = list(devices)
     mlflow = tracking.sqlite_path(settings.mlflow) if settings.mlflow else None
-    checks.regular_records(records(s), [s.home.parent, s.home, s.home / "logs"], [mlflow] if mlflow else [])
+    checks.regular_records(records(s), [s.tag.home.parent, s.tag.home, s.tag.home / "logs"], [mlflow] if mlflow else [])
     checks.one_target(s)
     checks.numbered(s)
     checks.no_stale_git_locks(s)
@@ -61,7 +63,7 @@ def open_session(settings, profile=None, devices=()):
     s.synced = next((e["commit"] for e in reversed(all_events)
                      if e.get("tag") == settings.tag and e.get("event") == Event.SYNCED), None)
     claim_home(s)
-    files.route_library_logs(s.home / files.LIBRARY_LOG)     # the stores' libraries: never on the terminal
+    files.route_library_logs(s.tag.home / files.LIBRARY_LOG)     # the stores' libraries: never on the terminal
     frozen_side(s, all_events, constants)
     hardware_side(s, all_events)
     restore_outputs(s, all_events)
@@ -73,10 +75,10 @@ def open_session(settings, profile=None, devices=()):
 def records(s):
     """Every file the loop writes its records into: results.tsv (and its staged copy, other tags' archives),
     events.jsonl, run.log, the dashboard, the study, the libraries' log."""
-    target = s.target
+    target = s.tag.target
     return [target / name for name in (ledger.RESULTS, ledger.RESULTS + ".new", ledger.EVENTS, RUN_LOG,
                                        dashboard.PAGE)] + sorted(target.glob("results.*.tsv")) + \
-        [s.home / STUDY_DB, s.home / files.LIBRARY_LOG]
+        [s.tag.home / STUDY_DB, s.tag.home / files.LIBRARY_LOG]
 
 
 def new_session(settings, target, constants, state, profile=None):
@@ -86,33 +88,35 @@ def new_session(settings, target, constants, state, profile=None):
     budget = effective_budget(own)
     repo = gitops.open_repo(target)
     history = state.history
-    s = Session(settings=settings, target=target, repo=repo, branch=f"autoresearch/{settings.tag}",
-                train_rel=gitops.repo_rel(repo, target / "train.py"),
-                frozen_rels=[gitops.repo_rel(repo, target / f) for f in FROZEN],
-                metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
-                smoke=budget != own, profile=profile, sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
-                speed_probe=constants.get("SPEED_PROBE") is True,
-                timeout=settings.timeout or (ledger.baseline_of(history) or {}).get("timeout_s"),
-                rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
-                             runs=settings.baseline_runs, **tag_rule(settings, state)),
-                best_commit="", history=history,
-                home=gitops.harness_dir(repo, settings.tag),
-                spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
-    s.target_rel = "" if target == Path(repo.working_tree_dir).resolve() else gitops.repo_rel(repo, target)
-    s.seed_base = history[0].get("seed_base") if history else secrets.randbelow(2**31)
-    return s
+    root = Path(repo.working_tree_dir).resolve()
+    config = TagConfig(target=target, home=gitops.harness_dir(repo, settings.tag), branch=f"autoresearch/{settings.tag}",
+                       target_rel="" if target == root else gitops.repo_rel(repo, target),
+                       train_rel=gitops.repo_rel(repo, target / "train.py"),
+                       frozen_rels=tuple(gitops.repo_rel(repo, target / f) for f in FROZEN),
+                       metric=constants["METRIC_NAME"], goal=constants["METRIC_GOAL"], budget=budget,
+                       smoke=budget != own,
+                       timeout=settings.timeout or (ledger.baseline_of(history) or {}).get("timeout_s"),
+                       profile=profile, sd_floor_declared=constants.get("METRIC_SD_FLOOR"),
+                       speed_probe=constants.get("SPEED_PROBE") is True,
+                       seed_base=history[0].get("seed_base") if history else secrets.randbelow(2**31))
+    return Session(settings=settings, tag=config, repo=repo, best_commit="", history=history,
+                   rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
+                                runs=settings.baseline_runs, **tag_rule(settings, state)),
+                   spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
 
 
 def tag_rule(settings, state):
-    """{confirm, margin, verdict, false_keep} of the verdict rule (verdict.rule_of's): the tag's, once its baseline
-    is recorded (one rule per tag, like the budget: checks.one_rule refuses other explicit flags), else this
+    """rule_of's settings of the verdict rule (confirm, margin, verdict and the rule's own): the tag's, once its
+    baseline is recorded (one rule per tag, like the budget: checks.one_rule refuses other explicit flags), else this
     invocation's flags or the defaults: verdict.DEFAULT (the margin rule when --margin is given)."""
     if state.rule is not None:
         return verdict.settings_of(state.rule)
     name = settings.verdict or ("margin" if settings.margin is not None else verdict.DEFAULT)
-    paired = verdict.RULES[name].pairs_seeds
-    confirm = settings.confirm if settings.confirm is not None else PAIRED_CONFIRM if paired else DEFAULT_CONFIRM
-    return dict(confirm=confirm, margin=settings.margin, verdict=name, false_keep=settings.false_keep or FALSE_KEEP)
+    rule = verdict.RULES[name]
+    confirm = settings.confirm if settings.confirm is not None else PAIRED_CONFIRM if rule.pairs_seeds else \
+        DEFAULT_CONFIRM
+    return dict(confirm=confirm, margin=settings.margin, verdict=name) | {
+        key: getattr(settings, key, None) for key in rule.own_flags if getattr(settings, key, None) is not None}
 
 
 def measured_runs(s, all_events):
@@ -131,9 +135,9 @@ def recover_runs(s, stale_runs, all_events):
     or results.tsv (cut off, its text kept as an event). Runs after the refusals that need no repair, so that a
     refused start changes nothing."""
     for stale in stale_runs:
-        processes.kill_stale_run(stale["pgid"], stale.get("cwd") or s.target)
-    torn = [("events.jsonl", ledger.repair_last_line(s.target / ledger.EVENTS, ledger.is_event)),
-            ("results.tsv", ledger.repair_results(s.target / ledger.RESULTS, all_events))]
+        processes.kill_stale_run(stale["pgid"], stale.get("cwd") or s.tag.target)
+    torn = [("events.jsonl", ledger.repair_last_line(s.tag.target / ledger.EVENTS, ledger.is_event)),
+            ("results.tsv", ledger.repair_results(s.tag.target / ledger.RESULTS, all_events))]
     for name, fragment in torn:
         if fragment:   # cut off so that it is not kept as a line of its own; its text stays on record here
             s.log(Event.TORN_LINE, file=name, fragment=fragment)
@@ -160,10 +164,10 @@ def check_checkout(s):
     changed = gitops.changed_files(s.repo)
     checks.committed_frozen(s, changed)
     checks.branch_not_checked_out(s)
-    here = (s.target / "train.py").read_bytes()
-    best = s.best_event["full_commit"] if s.best_event else (s.branch if s.branch in s.repo.heads else "HEAD")
+    here = (s.tag.target / "train.py").read_bytes()
+    best = s.best_event["full_commit"] if s.best_event else (s.tag.branch if s.tag.branch in s.repo.heads else "HEAD")
     best_bytes = file_at_bytes(s, best)
-    measured = here == best_bytes or s.settings.command != "loop" or s.train_rel not in changed or duplicate_of(
+    measured = here == best_bytes or s.settings.command != "loop" or s.tag.train_rel not in changed or duplicate_of(
         s, here.decode("utf-8", "replace")) is not None
     checks.train_edit_not_ignored(s, changed, here, best_bytes, measured)
     checks.try_baseline_state(s, here, best, best_bytes, describe)
@@ -174,16 +178,16 @@ def place_branch(s):
     came between a keep's event and its move; adopting commits a human added on top)."""
     checks.branch_exists_for_history(s)
     rule = s.rule.recorded()
-    if s.branch not in s.repo.heads:
-        s.repo.create_head(s.branch, s.repo.head.commit)
+    if s.tag.branch not in s.repo.heads:
+        s.repo.create_head(s.tag.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha
         s.start = dict(new_branch=True, best=s.best_commit, **rule)
         return
     # before the baseline is measured, whatever the branch holds is the baseline
-    s.best_commit = s.best_event["full_commit"] if s.best_event else s.repo.heads[s.branch].commit.hexsha
-    tip = s.repo.heads[s.branch].commit.hexsha
+    s.best_commit = s.best_event["full_commit"] if s.best_event else s.repo.heads[s.tag.branch].commit.hexsha
+    tip = s.repo.heads[s.tag.branch].commit.hexsha
     if tip != s.best_commit and s.repo.is_ancestor(tip, s.best_commit):
-        gitops.advance_branch(s.repo, s.branch, s.best_commit, tip)   # a kill between a keep's event and its move
+        gitops.advance_branch(s.repo, s.tag.branch, s.best_commit, tip)   # a kill between a keep's event and its move
         s.log(Event.ADVANCED, n=s.next_n - 1, tip=tip, best=s.best_commit)
     elif tip != s.best_commit:
         adopt_human_commits(s, tip)
@@ -194,24 +198,26 @@ def claim_home(s):
     """The tag's harness dir: yours alone (as root the sandbox's uid is root's outside, so what a run writes in runs/
     and leaves in an artifact is root's; no other user of the machine may reach it), owned by this target, and no
     run dir left by a killed agent (we hold the lock and killed its run)."""
-    owner = s.home / "target"
+    owner = s.tag.home / "target"
     owner.parent.mkdir(parents=True, exist_ok=True)
-    s.home.chmod(0o700)
-    owner.write_text(s.target_rel)
-    shutil.rmtree(s.home / "runs", ignore_errors=True)
+    s.tag.home.chmod(0o700)
+    owner.write_text(s.tag.target_rel)
+    shutil.rmtree(s.tag.home / "runs", ignore_errors=True)
 
 
 def frozen_side(s, all_events, constants):
     """A pristine copy of the target, the sandbox, the frozen inputs' digest."""
-    s.frozen_base = next((e["base"] for e in all_events if e.get("tag") == s.settings.tag
-                          and e.get("event") == Event.FROZEN_INPUTS and e.get("base")), s.best_commit)
+    base = next((e["base"] for e in all_events if e.get("tag") == s.settings.tag
+                 and e.get("event") == Event.FROZEN_INPUTS and e.get("base")), s.best_commit)
+    s.tag = dataclasses.replace(s.tag, frozen_base=base)
     export_frozen(s)
     setup_sandbox(s)
     checks.one_sandbox_rule(s)
     if "METRIC_TOLERANCE" in constants:
-        s.evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
-        s.evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
-    if s.wrap is not None:
+        evaluation = frozen_inputs(s, all_events, float(constants["METRIC_TOLERANCE"]))
+        evaluation["artifact"] = constants.get("ARTIFACT_NAME", "artifact")   # where train.py saves its model
+        s.tag = dataclasses.replace(s.tag, evaluation=evaluation)
+    if s.sandbox is not None:
         check_view(s)
 
 
@@ -226,7 +232,7 @@ def hardware_side(s, all_events):
     if a.command == "try" and a.sync:
         return
     remote = any(d.remote is not None for d in s.devices)     # runs on other machines (Ray, another backend)
-    s.hardware = hardware.measure(s.devices, remote, (s.evaluation or {}).get("digest"))
+    s.hardware = hardware.measure(s.devices, remote, (s.tag.evaluation or {}).get("digest"))
     recorded = ledger.hardware_events(all_events, a.tag)
     last = recorded[-1] if recorded else None
     s.hardware_epoch = last.get("epoch", 1) if last else 1
@@ -250,14 +256,14 @@ def restore_outputs(s, all_events):
     """The outputs ignored by git, results.tsv with its header and this tag's rows only (karpathy's contract, which
     his analysis notebook assumes: earlier tags move to their own file), and a row or note lost to a kill between
     the "experiment" event and them."""
-    target, tag = s.target, s.settings.tag
+    target, tag = s.tag.target, s.settings.tag
     gitops.ensure_ignored(s.repo, [target / name for name in (ledger.RESULTS, ledger.EVENTS, RUN_LOG, TRY_LOG,
                                                                dashboard.PAGE)])
     try:
-        ledger.ensure_results_header(target / ledger.RESULTS, s.metric)
+        ledger.ensure_results_header(target / ledger.RESULTS, s.tag.metric)
     except ValueError as e:
         raise SetupError(str(e)) from None
-    for path, n in ledger.keep_one_tag(target / ledger.RESULTS, all_events, tag, s.metric).items():
+    for path, n in ledger.keep_one_tag(target / ledger.RESULTS, all_events, tag, s.tag.metric).items():
         if path.name == ledger.RESULTS:
             s.log(Event.UNARCHIVED, file=ledger.archive_path(path, tag).name, rows=n)
             console.say(f"{ledger.RESULTS}: brought back {n} row(s) of tag {tag} from its own file")
@@ -271,7 +277,7 @@ def restore_outputs(s, all_events):
             files.append_line(target / ledger.RESULTS, row)
             s.log(Event.ROW_RESTORED, n=event["n"])
     if s.history and s.history[-1].get("full_commit"):      # a kill between the event and its note (no-op if there)
-        gitops.add_note(s.repo, s.history[-1]["full_commit"], ledger.note_text(s.history[-1], s.metric))
+        gitops.add_note(s.repo, s.history[-1]["full_commit"], ledger.note_text(s.history[-1], s.tag.metric))
 
 
 def adopt_human_commits(s, tip):
@@ -292,11 +298,8 @@ def setup_sandbox(s):
     checks.sandbox_complete(s.settings, reason, lacking)
     if reason is None:
         def inputs():
-            return (s.evaluation or {}).get("inputs")
-        hide = [Path(s.repo.working_tree_dir), gitops.git_dir(s.repo)]
-        s.wrap = lambda argv, run_dir, gpu: sandbox.train_argv(argv, run_dir, inputs(), gpu, hide=hide)
-        s.eval_wrap = lambda argv, frozen, artifact, gpu: sandbox.eval_argv(argv, frozen, artifact, inputs(), gpu)
-        s.sandbox_env = sandbox.scratch_env()
+            return (s.tag.evaluation or {}).get("inputs")
+        s.sandbox = sandbox.Tagged(inputs, [Path(s.repo.working_tree_dir), gitops.git_dir(s.repo)])
         console.say("sandbox: bubblewrap (an allow-list view: the system, the environment, the declared data and the "
                     "run dir; root confined; no network)"
                     + (f"; missing here: {'; '.join(lacking)}" if lacking else ""))
@@ -310,12 +313,12 @@ def check_view(s):
     """With the sandbox on: train.py's real view (a run dir where runs get theirs) reads none of the repository, its
     git dir and the evaluator-only files, wherever they lie (under /usr too); the probe runs inside the sandbox.
     A file it can read refuses the start, naming the files and the way out."""
-    inputs = (s.evaluation or {}).get("inputs") or {}
-    run_dir = s.home / "runs" / "view-check"
+    inputs = (s.tag.evaluation or {}).get("inputs") or {}
+    run_dir = s.tag.home / "runs" / "view-check"
     run_dir.mkdir(parents=True, exist_ok=True)
     shown = [*view.environment(), *sandbox.train_reads(inputs), run_dir]
     try:
-        found = sandbox.readable_inside(lambda argv: s.wrap(argv, run_dir, ""), [
+        found = sandbox.readable_inside(lambda argv: s.sandbox.train(argv, run_dir, ""), [
             Path(s.repo.working_tree_dir), gitops.git_dir(s.repo), *inputs.get("evaluator_only", [])], skip=shown)
     except RuntimeError as e:
         raise SetupError(f"the sandbox's view could not be checked: {e}; try --sandbox off to run without it") from None
@@ -334,7 +337,7 @@ def frozen_inputs(s, all_events, tolerance):
     when the frozen inputs (prepare.py, tokenizer, evaluation data, base model) changed since. Returns the
     evaluation settings."""
     pinned = pinned_env(all_events, s.settings.tag)
-    out = run_prepare(s.home / "frozen", "--frozen-inputs", timeout=600, env=pinned)   # SetupError on failure
+    out = run_prepare(s.tag.home / "frozen", "--frozen-inputs", timeout=600, env=pinned)   # SetupError on failure
     try:
         found = json.loads(out.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -344,5 +347,5 @@ def frozen_inputs(s, all_events, tolerance):
     env = pinned if recorded else {k: str(v) for k, v in (found.get("env") or {}).items()}
     if not recorded:
         s.log(Event.FROZEN_INPUTS, digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],
-              train_reads=found.get("train_reads"), eval_reads=found.get("eval_reads"), env=env, base=s.frozen_base)
+              train_reads=found.get("train_reads"), eval_reads=found.get("eval_reads"), env=env, base=s.tag.frozen_base)
     return {"digest": found["digest"], "tolerance": tolerance, "inputs": found, "env": env}

@@ -54,69 +54,81 @@ class Caches:
     #                                                              a metric (what a candidate's first run is held to)
 
 
-@dataclasses.dataclass
-class Session(Derived):
-    """A tag's state; rebuilt from git and events.jsonl on every start (see open_session). Written by the steps of an
-    experiment (harness.record.experiment) under `lock`; the loop's own state (queue, ideas, failures) is agent.py's."""
-    settings: Settings
-    target: Path
-    repo: git.Repo
-    branch: str
+@dataclasses.dataclass(frozen=True)
+class TagConfig:
+    """What the tag is: fixed as it opens (harness.tag.opening makes it, from the flags, prepare.py's constants and the
+    tag's first events), read by the steps, written by none (frozen: an assignment raises
+    dataclasses.FrozenInstanceError)."""
+    target: Path                        # the target dir (prepare.py, train.py, program.md, the records)
+    target_rel: str                     # the target dir relative to the repository root ("" for the root)
+    home: Path                          # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
+    branch: str                         # autoresearch/<tag>
     train_rel: str                      # paths relative to the repository root
-    frozen_rels: list
-    metric: str
+    frozen_rels: tuple
+    metric: str                         # prepare.py's METRIC_NAME
     goal: str                           # "min" or "max"
     budget: float                       # effective TIME_BUDGET in seconds
-    timeout: float | None               # --timeout, else the one the tag's baseline recorded; None: derived
+    smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
+    timeout: float | None = None        # --timeout, else the one the tag's baseline recorded; None: derived
     #                                     (experiment.run_timeout)
-    rule: Rule                          # the verdict rule: margin, confirmation runs (noise measured by the baseline)
-    best_commit: str                    # full sha of the best kept commit (the branch tip between experiments)
-    history: list                       # this tag's "experiment" events, in order
-    home: Path                          # <git dir>/autoresearch/<tag>: stage worktree, frozen/, runs/, logs/
-    target_rel: str = ""                # the target dir relative to the repository root ("" for the root)
+    profile: str | None = None          # device class reported by `prepare.py --check`, if any
+    sd_floor_declared: float | None = None   # prepare.py's METRIC_SD_FLOOR, if any (verdict.sd_floor)
+    speed_probe: bool = False           # prepare.py declares SPEED_PROBE: `prepare.py --probe` times the device
+    seed_base: int | None = None        # the tag's secret for its seeds (experiment.run_seed): drawn at random when the
+    #                                     tag starts, recorded with the baseline; None: a tag from before it was drawn
+    frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
     evaluation: dict = None             # {"digest", "tolerance", "artifact", "inputs", "env"}; None: train.py's own
     #                                     number. inputs: prepare.py --frozen-inputs (what the sandbox shows each
     #                                     process); env: the variables pinned at tag start (the GRPO base model)
-    frozen_base: str = ""               # the commit the pristine frozen/ copy is exported from (the tag's start)
-    smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
-    sd_floor_declared: float | None = None   # prepare.py's METRIC_SD_FLOOR, if any (verdict.sd_floor)
-    wrap: object = None                 # (argv, run_dir, gpu) -> train.py's sandboxed argv (None: no sandbox)
-    eval_wrap: object = None            # (argv, frozen_dir, artifact, gpu) -> the evaluator's sandboxed argv
-    sandbox_env: dict = dataclasses.field(default_factory=dict)
-    profile: str | None = None          # device class reported by `prepare.py --check`, if any
+
+
+@dataclasses.dataclass
+class Session(Derived):
+    """A tag open for experiments, rebuilt from git and events.jsonl on every start (see open_session): its frozen
+    configuration (`tag`), its state (derived from the events where it can be: Derived's properties), its caches and
+    this invocation's handles. Written by the steps of an experiment (harness.record.experiment) under `lock`; the
+    loop's own state (queue, ideas, failures) is agent.py's."""
+    settings: Settings                  # this invocation's flags (frozen)
+    tag: TagConfig                      # what the tag is (frozen)
+    # the tag's state
+    rule: Rule                          # the verdict rule: margin, confirmation runs (noise measured by the baseline)
+    best_commit: str                    # full sha of the best kept commit (the branch tip between experiments)
+    history: list                       # this tag's "experiment" events, in order
     spend: Spend = Spend()              # the tag's LLM spend (resume sums "propose" events; LLM seconds: this run's)
-    started: float = dataclasses.field(default_factory=time.monotonic)
+    hardware: dict = None               # this invocation's fingerprint (harness.run.hardware.measure); None: not
+    #                                     measured
+    hardware_epoch: int = 1             # the tag's current hardware epoch (its latest "hardware" event's; 2, 3, ...
+    #                                     after each --new-hardware): every experiment event carries it
     last: str = "-"                     # the last verdict, for the status line
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
     recording: int | None = None        # `try`: the experiment this invocation records (an interrupt's words)
+    events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
+    start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
+    #                                     event (a `try` refused after open_session logs nothing)
+    deferred: list = dataclasses.field(default_factory=list)   # [(event, fields)] logged right after "start"
+    cache: "Caches" = dataclasses.field(default_factory=lambda: Caches())   # what git and the events say, kept
+    # this invocation's handles
+    repo: git.Repo = None
+    sandbox: object = None              # harness.run.sandbox.Tagged: train.py's and the evaluator's sandboxed argv
+    #                                     (None: no sandbox)
     devices: list = dataclasses.field(default_factory=list)   # harness.run.pool.Device: where this invocation's runs go
     #                                     (agent.py's DeviceSource; empty: this machine as it is)
     pool: object = None                 # harness.run.pool.Pool: the devices of the loop (None for `try`)
     search: object = None               # harness.propose.search.Search: the tag's study, once a search opened it
-    cache: "Caches" = dataclasses.field(default_factory=lambda: Caches())   # what git and the events say, kept
     outer: object = None                # harness.propose.outer.State: the outer loop's freezes, guidance and mechanisms
     tracking: object = None             # harness.record.tracking.Tracker: the MLflow store (--mlflow; None: off)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
+    dashboard_warned: bool = False      # the dashboard's failure was said (once per invocation)
     # Several runs at once (--devices, --ray, speculation): worker threads train while the main thread proposes and
     # records. The lock serialises git, the ledger and the guard's snapshots; `live` are the snapshots of the runs
     # in flight, told of every change the harness itself makes meanwhile (expect_ref, Snapshot.appended).
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
     live: list = dataclasses.field(default_factory=list)
-    events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
-    start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
-    #                                     event (a `try` refused after open_session logs nothing)
-    seed_base: int | None = None        # the tag's secret for its seeds (experiment.run_seed): drawn at random when the
-    #                                     tag starts, recorded with the baseline; None: a tag from before it was drawn
-    speed_probe: bool = False           # prepare.py declares SPEED_PROBE: `prepare.py --probe` times the device
-    probe_warned: bool = False          # the speed probe's failure was said (once per invocation)
-    hardware: dict = None               # this invocation's fingerprint (harness.run.hardware.measure); None: not measured
-    hardware_epoch: int = 1             # the tag's current hardware epoch (its latest "hardware" event's; 2, 3, ...
-    #                                     after each --new-hardware): every experiment event carries it
-    deferred: list = dataclasses.field(default_factory=list)   # [(event, fields)] logged right after "start"
-    dashboard_warned: bool = False      # the dashboard's failure was said (once per invocation)
 
     def log(self, event, **fields):
         """Append one event of this tag to events.jsonl; returns the record. The runs in flight expect the line."""
-        path = self.target / ledger.EVENTS
+        path = self.tag.target / ledger.EVENTS
         with self.lock:
             if event != "start" and (self.start is not None or self.deferred):
                 start, self.start, deferred, self.deferred = self.start, None, self.deferred, []
@@ -162,10 +174,10 @@ def tick(s, n, elapsed, device=None, phase="training", run=""):
     if s.pool is not None and s.pool.cancel.is_set():   # the loop is stopping: the runner kills this run
         raise KeyboardInterrupt
     where = f" on {device.name}" if device is not None and device.name != "default" else ""
-    if phase == "training" and elapsed > s.budget:     # its last step, its own evaluation, the artifact
+    if phase == "training" and elapsed > s.tag.budget:     # its last step, its own evaluation, the artifact
         phase = "finishing"
-    clock = console.fmt_duration(elapsed) + (f"/{console.fmt_duration(s.budget)}" if phase == "training" else
-                                             f" (past the {console.fmt_duration(s.budget)} budget)"
+    clock = console.fmt_duration(elapsed) + (f"/{console.fmt_duration(s.tag.budget)}" if phase == "training" else
+                                             f" (past the {console.fmt_duration(s.tag.budget)} budget)"
                                              if phase == "finishing" else "")
     status(s, n, f"{run + ', ' if run else ''}{phase}{where}{'' if phase == 'probing' else ' ' + clock}")
 
@@ -207,7 +219,7 @@ def locked(step):
 @locked
 def best_source(s):
     """train.py of the best commit: what the next proposal edits."""
-    return gitops.file_at(s.repo, s.best_commit, s.train_rel)
+    return gitops.file_at(s.repo, s.best_commit, s.tag.train_rel)
 
 
 @locked
@@ -219,7 +231,7 @@ def duplicate_of(s, source):
         if e["n"] in s.cache.unreadable:
             continue
         if e["n"] not in s.cache.blobs:
-            s.cache.blobs[e["n"]] = (s.repo.commit(e["full_commit"]).tree / s.train_rel).hexsha
+            s.cache.blobs[e["n"]] = (s.repo.commit(e["full_commit"]).tree / s.tag.train_rel).hexsha
         if s.cache.blobs[e["n"]] == blob:
             return e
     return None
@@ -241,7 +253,7 @@ def measured_as(s, source):
         if kind is not runner.Kind.OVERTIME and not kind.measured or e["n"] in s.cache.unreadable:
             continue
         if e["n"] not in s.cache.prints:
-            s.cache.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.train_rel))
+            s.cache.prints[e["n"]] = fingerprint(gitops.file_at(s.repo, e["full_commit"], s.tag.train_rel))
         if s.cache.prints[e["n"]] != mine:
             continue
         if kind is not runner.Kind.OVERTIME:
@@ -270,23 +282,23 @@ def left_behind(s, n=None):
     keep. A record the next start completes (ledger.py's order of writes) is named as such. n: None when the last
     experiment on disk is not experiment n (`try`: its result not recorded)."""
     try:
-        history = read_tag(s.target, s.settings.tag).history
-        tip = s.repo.heads[s.branch].commit.hexsha if s.branch in s.repo.heads else None
+        history = read_tag(s.tag.target, s.settings.tag).history
+        tip = s.repo.heads[s.tag.branch].commit.hexsha if s.tag.branch in s.repo.heads else None
         if not history:
             return "nothing was recorded yet"
         last, kept = history[-1], [e for e in history if e.get("status") == "keep"]
         if n is not None and last["n"] != n:
             return None
         missing = []
-        if ledger.results_row(last) not in ledger.read_rows(s.target / ledger.RESULTS):
+        if ledger.results_row(last) not in ledger.read_rows(s.tag.target / ledger.RESULTS):
             missing.append("its results.tsv row")
-        if ledger.note_text(last, s.metric) not in gitops.note_of(s.repo, last["full_commit"]):
+        if ledger.note_text(last, s.tag.metric) not in gitops.note_of(s.repo, last["full_commit"]):
             missing.append("its git note")
         behind = bool(kept) and tip != kept[-1]["full_commit"]
         words = [f"the last experiment, #{last['n']} ({last['status']}), is recorded in {ledger.EVENTS}"]
-        words.append(f"{s.branch} is still at {tip[:7] if tip else 'nothing'}, behind the last keep "
+        words.append(f"{s.tag.branch} is still at {tip[:7] if tip else 'nothing'}, behind the last keep "
                      f"(#{kept[-1]['n']}, {kept[-1]['commit']})" if behind else
-                     f"{s.branch} is at the best commit ({tip[:7] if tip else '-'})")
+                     f"{s.tag.branch} is at the best commit ({tip[:7] if tip else '-'})")
         if missing:
             words.append(f"{' and '.join(missing)} not written yet")
         return "; ".join(words) + ("; the next start completes them" if missing or behind else "")
@@ -314,15 +326,15 @@ def interrupt_words(s, settings):
 @locked
 def file_at_bytes(s, commit):
     """The bytes of the target's train.py at commit."""
-    return gitops.blob_at(s.repo, commit, s.train_rel)
+    return gitops.blob_at(s.repo, commit, s.tag.train_rel)
 
 
 def export_frozen(s, dest=None):
     """A fresh pristine copy of the target at the tag's base commit (recorded with the frozen inputs) in frozen/ (or
     dest: each device has its own, so that one evaluation never runs from a copy another is re-making): made at start
     and again right before every evaluation, so nothing a run did to it can score the run."""
-    dest = dest or s.home / "frozen"
+    dest = dest or s.tag.home / "frozen"
     shutil.rmtree(dest, ignore_errors=True)
-    gitops.export_commit(s.repo, s.frozen_base, s.target_rel, dest)
+    gitops.export_commit(s.repo, s.tag.frozen_base, s.tag.target_rel, dest)
 
 

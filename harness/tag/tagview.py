@@ -10,6 +10,7 @@ import collections
 import dataclasses
 
 from harness import ledger, schema
+from harness.judge import verdict
 from harness.schema import Event
 
 
@@ -60,7 +61,7 @@ class TagState(Derived):
     input_tokens: int
     output_tokens: int
     stale_runs: list        # the "run" events of training runs started but not ended by the last invocation
-    rule: dict | None       # {confirm, margin, verdict, false_keep} the tag's verdicts use: its baseline's (older
+    rule: dict | None       # what the tag recorded of its verdict rule (verdict.recorded_of): its baseline's (older
                             # tags: their first start event's; verdict "margin" before the paired rule), None
                             # before the baseline is recorded (or not recorded at all)
     hardware_epoch: int = 1  # the tag's current hardware epoch (its latest "hardware" event's)
@@ -83,8 +84,7 @@ def tag_state(all_events, tag):
     ruled = [e for e in (history[:1] + schema.of(mine, Event.START)) if "confirm" in e]
     rule = None
     if history and ruled:
-        rule = {"confirm": ruled[0]["confirm"], "margin": ruled[0].get("margin"),
-                "verdict": ruled[0].get("verdict") or "margin", "false_keep": ruled[0].get("false_keep")}
+        rule = verdict.recorded_of(ruled[0])
     return TagState(history=history, kept=[e for e in history if e["status"] == "keep"],
                     cost_usd=sum(e.get("cost_usd", 0.0) for e in proposals),
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
