@@ -79,9 +79,8 @@ class Rule:
         return self.kind.judge(self, first, run_again, best)
 
     def recorded(self):
-        """The settings a tag records with its start and its baseline, and reads back (settings_of): confirm,
-        --margin, the verdict rule's name and its own settings (VerdictRule.own: the paired rule's false-keep rate;
-        None for the others)."""
+        """The settings a tag records with its start and its baseline and reads back (recorded_of): confirm, --margin,
+        the verdict rule's name and the registered rules' own settings (VerdictRule.own; None: not this rule's)."""
         return dict(confirm=self.confirm, margin=self.margin_flag, verdict=self.verdict) | \
             {key: None for key in own_flags()} | RULES[self.verdict].own(self)
 
@@ -145,10 +144,9 @@ class Rule:
 
 
 def rule_of(goal, confirm, margin, baseline=None, runs=1, verdict="margin", **own):
-    """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the verdict rule named `verdict` and its
-    own settings (`own`, Rule fields: the paired rule's false_keep; the tag's: settings_of(tagview.TagState.rule)),
-    whose baseline's "experiment" event is `baseline` (its noise_sd, runs and sd_floor); None: not measured yet,
-    `runs` baseline runs will measure it. agent.py and report.py build a tag's rule here."""
+    """The Rule of a tag judged with --confirm `confirm`, --margin `margin`, the verdict rule `verdict` and its own
+    settings (Rule fields: the tag's from settings_of), whose baseline's "experiment" event is `baseline` (its noise_sd,
+    runs and sd_floor; None: not measured yet, `runs` baseline runs will). agent.py and report.py build it here."""
     if baseline is None:
         return Rule(goal, confirm, margin, None, runs, verdict=verdict, **own)
     return Rule(goal, confirm, margin, baseline.get("noise_sd"), len(baseline.get("runs") or [0]),
@@ -370,8 +368,8 @@ class VerdictRule:
     whether a candidate's runs use the best's seeds (the harness then runs the best at a seed it lacks). judge(rule,
     first, run_again, best) -> Verdict; words(rule, metric): the rule in one paragraph; band(rule): (width, legend) of
     progress.png's band; why(rule, judged): a verdict's reason for `try` (the default reads the Verdict: a paired gain
-    and t, or the margin); own_flags: its own settings the tag records beside COMMON ({Rule field and Settings
-    attribute: its flag}), own(rule) their values."""
+    and t, or the margin); own_flags: {Rule field and Settings attribute: its flag} of the settings the tag records
+    beside COMMON, own(rule) their values."""
     name = ""
     pairs_seeds = False
     own_flags = {}
@@ -476,8 +474,7 @@ RULES = {r.name: r for r in (Paired(), Margin())}   # --verdict NAME -> its rule
 DEFAULT = "paired"                                  # a new tag's, unless --verdict or --margin says otherwise
 
 
-COMMON = {"confirm": "--confirm", "margin": "--margin", "verdict": "--verdict"}   # what every tag records of its
-#                                                                                 rule (the key) and its flag
+COMMON = {"confirm": "--confirm", "margin": "--margin", "verdict": "--verdict"}   # every tag's rule settings: flags
 LEGACY = "margin"           # the verdict rule of tags recorded before the paired rule (their events name none)
 
 
@@ -487,15 +484,14 @@ def own_flags():
 
 
 def recorded_of(event):
-    """What a tag recorded of its rule (Rule.recorded()), read back from the event that recorded it (its baseline,
-    or an older tag's first start): COMMON's settings and every registered rule's own (None: not recorded), the
-    verdict rule's name LEGACY where the event names none."""
+    """A tag's rule as recorded (Rule.recorded()), read back from its event (the baseline, an older tag's first
+    start): COMMON's settings, every registered rule's own (None: not recorded), the rule's name (else LEGACY)."""
     return {key: event.get(key) for key in (*COMMON, *own_flags())} | {"verdict": event.get("verdict") or LEGACY}
 
 
 def settings_of(recorded):
-    """rule_of's keyword arguments (confirm, margin, verdict and the rule's own settings that were recorded) from what
-    a tag recorded (recorded_of). Raises SetupError when the tag's rule is not registered here."""
+    """rule_of's keyword arguments (confirm, margin, verdict, the rule's own recorded settings) from recorded_of's
+    dict. Raises SetupError when the tag's rule is not registered here."""
     name = recorded["verdict"]
     if name not in RULES:
         raise SetupError(f"the tag was judged by the verdict rule {name!r}, which this version does not have "
