@@ -22,6 +22,11 @@ cancel (curves.decide, curves.exempt). Only the runs are simulated:
   table's range, and a grid or perturbation step beyond it is refused before it runs and counted.
   A drawn run's learning curve is a recorded base curve shifted to its val_bpb (DLOSS_PER_BPB).
 
+With --oom-above N the world also has an infeasible region, as a smaller device's memory makes one: a point whose
+DEPTH x TOTAL_BATCH_SIZE exceeds N runs out of memory at start-up (no metric, Kind.CRASH; its cost: the table's mean
+start-up, wall minus training seconds, plus the harness's overhead). The samplers are told of it as the harness
+tells them (search.failure_of, search.finish: an infeasible trial); the -blind arms as before, a failed trial.
+
 A campaign's score is the true gain of its final best: the surrogate's mean at the baseline's point minus at the
 best's (never the value it was kept with), after a fixed device time, each run costing its recorded wall time plus
 the harness's own overhead per run (AGENT_OVERHEAD_S). Every arm plays the same campaign seeds (the same baseline
@@ -49,7 +54,7 @@ import lab_table  # noqa: E402
 from lab_table import ROOT, SPACE, TableError, key  # noqa: E402
 
 from harness.judge import curves, stats, verdict  # noqa: E402
-from harness.propose import edits, perturb, search, searchspace
+from harness.propose import edits, memory, perturb, search, searchspace  # noqa: E402
 from harness.run.runner import Kind, Outcome  # noqa: E402
 
 PROFILE = "lab"
@@ -172,8 +177,9 @@ class World:
     """The runs a campaign gets: recorded ones where the table has the point and seed, else drawn (module text).
     Draws are a function of (campaign, point, seed, how many times asked), so arms share them."""
 
-    def __init__(self, rows, budget, campaign):
-        self.budget, self.campaign = budget, campaign
+    def __init__(self, rows, budget, campaign, oom_above=None):
+        self.budget, self.campaign, self.oom_above = budget, campaign, oom_above
+        self.startup = statistics.fmean(r["wall_s"] - r["train_s"] for r in rows if r["train_s"] is not None)
         self.rows = {(key(r["point"]), r["seed"]): r for r in rows}
         self.surrogate = Surrogate(rows)
         self.sd, _ = seed_sd(rows)
@@ -185,7 +191,10 @@ class World:
         return self.surrogate.predict(point)
 
     def run(self, point, seed):
-        """(val_bpb, curves.Curve, wall seconds) of one run of point at seed through agent.py."""
+        """(val_bpb, curves.Curve, wall seconds) of one run of point at seed through agent.py; (None, None, its
+        start-up) for a point that runs out of memory (oom_above)."""
+        if self.oom_above is not None and point["DEPTH"] * point["TOTAL_BATCH_SIZE"] > self.oom_above:
+            return None, None, self.startup + AGENT_OVERHEAD_S
         k = key(point)
         row = self.rows.get((k, seed))
         if row is not None:
@@ -216,6 +225,8 @@ class Arm:
     startup: int = search.TPE_STARTUP
     names: tuple = tuple(SPACE)         # the constants searched (the others stay at train.py's values)
     dedupe: bool = True                 # refuse a point already measured (the harness does; karpathy's loop does not)
+    feasible: bool = True               # a failure of the point is told as an infeasible trial (the harness's
+    #                                     search.failure_of); False: a failed trial, which the samplers ignore
 
 
 NO_SCHEDULE = tuple(n for n in SPACE if not curves.SCHEDULE.search(n))     # a space early cancel can act on
@@ -226,6 +237,7 @@ ARMS = {a.name: a for a in (
     Arm("random-nocancel", "random", cancel=False),
     Arm("grid", "grid"),
     Arm("cmaes", "cmaes"),
+    Arm("tpe-blind", "tpe", feasible=False),
     Arm("grid-nocancel", "grid", cancel=False),
     Arm("grid-warm50", "grid", warmup=0.5),
     Arm("plain", "plain", paired=False, cancel=False, dedupe=False),
@@ -287,7 +299,7 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
     seeds = rng.sample(range(1, 9), 1 + verdict.PAIRED_CONFIRM)        # the table's base seeds, shuffled
     budget_s = hours * 3600
     spent = [0.0]
-    stats = dict(keeps=0, false_keeps=0, experiments=0, runs=0, cancelled=0, refused=0)
+    stats = dict(keeps=0, false_keeps=0, experiments=0, runs=0, cancelled=0, refused=0, crashed=0)
 
     def run(point, seed):
         value, curve, wall = world.run(point, seed)
@@ -342,7 +354,9 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
                 continue
             if arm.dedupe and key(point) in measured:   # the harness refuses a point already measured before it runs
                 if trial is not None:
-                    if measured[key(point)] is None:
+                    if measured[key(point)] == "crash":    # the harness's ask(): a failed trial, drawn again
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    elif measured[key(point)] is None:
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                     else:
                         study.tell(trial, measured[key(point)])
@@ -354,8 +368,8 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
         stats["experiments"] += 1
         seed0 = seeds[0] if arm.paired else 100 + n         # the strict rule: a fresh seed per run
         value, curve, wall = run(point, seed0)
-        first = outcome(value)
-        if arm.cancel and not curves.exempt(source_of(point), source_of(best["point"])):
+        first = outcome(value) if value is not None else outcome(None, Kind.CRASH)
+        if value is not None and arm.cancel and not curves.exempt(source_of(point), source_of(best["point"])):
             cut = curves.decide(curve, list(best["curves"].values()), baseline_curves, warmup=arm.warmup,
                                 paired=best["curves"].get(seed0))
             if cut is not None:
@@ -381,12 +395,13 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
                 pooled.append((v.runs, v.best))
         else:
             v = verdict.judge(first, run_again, rule, best["metric"])
+        event = dict(n=n, status=v.status, metric=v.metric, kind=first.kind.value,
+                     cancelled=first.kind is Kind.CANCELLED or None)
+        failure = search.failure_of(event, memory.Change(families=tuple(arm.names))) if arm.feasible else None
         if trial is not None:
-            if first.kind is Kind.CANCELLED:
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(trial, v.metric)
-        measured[key(point)] = v.metric         # None: cancelled (a discard all the same, measured)
+            search.finish(study, trial, *search.outcome_of(event, failure), failure)
+        stats["crashed"] += v.status == "crash"
+        measured[key(point)] = "crash" if v.status == "crash" else v.metric   # None: cancelled (a discard, measured)
         if v.status == "keep":
             stats["keeps"] += 1
             stats["false_keeps"] += world.truth(point) >= world.truth(best["point"])
@@ -414,17 +429,18 @@ def ci(values):
 
 
 def one(args):
-    name, rows, budget, c, hours, max_experiments = args
-    return campaign(ARMS[name], World(rows, budget, c), c, hours, max_experiments)
+    name, rows, budget, c, hours, max_experiments, oom_above = args
+    return campaign(ARMS[name], World(rows, budget, c, oom_above), c, hours, max_experiments)
 
 
-def replay(table, arms, n_campaigns, hours, first_campaign=0, max_experiments=None, jobs=1):
+def replay(table, arms, n_campaigns, hours, first_campaign=0, max_experiments=None, jobs=1, oom_above=None):
     """{arm name: [campaign result]} over campaign seeds first_campaign.. + n_campaigns, every arm the same seeds;
-    jobs: processes replaying at once (each campaign is deterministic: the same results whatever jobs is)."""
+    jobs: processes replaying at once (each campaign is deterministic: the same results whatever jobs is);
+    oom_above: World's infeasible region (None: none)."""
     header, rows, skipped = table
     budget = header["provenance"]["budget"]
     rows = full_rows(rows, budget)
-    tasks = [(name, rows, budget, c, hours, max_experiments) for name in arms
+    tasks = [(name, rows, budget, c, hours, max_experiments, oom_above) for name in arms
              for c in range(first_campaign, first_campaign + n_campaigns)]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -443,8 +459,8 @@ def report(results, hours, reference="tpe"):
     campaigns, which a live campaign is compared with), the gain per device-hour, keeps and false keeps, runs per experiment, cancels; then each arm against `reference` on the same
     campaign seeds (mean paired difference and its CI, the ratio of mean gains)."""
     print(f"| arm | campaigns | gain at {hours / 2:g} h | gain at {hours:g} h (95 % CI) | one campaign (min-max) | "
-          f"device-hours spent | gain per device-hour | experiments | keeps (false) | runs/exp | cancelled |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          f"device-hours spent | gain per device-hour | experiments | keeps (false) | runs/exp | cancelled | crashed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rs in results.items():
         gains = [gain_at(r, hours) for r in rs]
         g, hw = ci(gains)
@@ -455,7 +471,8 @@ def report(results, hours, reference="tpe"):
               f"{spent:.2f} | {g / spent:.4f} | "
               f"{exps / len(rs):.1f} | {sum(r['keeps'] for r in rs) / len(rs):.1f} "
               f"({sum(r['false_keeps'] for r in rs) / len(rs):.1f}) | {sum(r['runs'] for r in rs) / max(1, exps):.2f}"
-              f" | {sum(r['cancelled'] for r in rs) / max(1, exps):.0%} |")
+              f" | {sum(r['cancelled'] for r in rs) / max(1, exps):.0%} | "
+              f"{sum(r.get('crashed', 0) for r in rs) / max(1, exps):.0%} |")
     if reference not in results:
         return
     ref = [gain_at(r, hours) for r in results[reference]]
@@ -531,6 +548,9 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: this machine's cores)")
     p.add_argument("--save", help="write every campaign's result here (JSON) for later reading")
     p.add_argument("--reference", default="tpe", help="the arm the others are compared with (default tpe)")
+    p.add_argument("--oom-above", type=int, metavar="N", help="an infeasible region: a point whose DEPTH x "
+                   "TOTAL_BATCH_SIZE exceeds N runs out of memory at start-up (8192: 2 of the 9 depth-batch "
+                   "pairs)")
     p.add_argument("--surrogate", action="store_true", help="only the surrogate's held-out check")
     p.add_argument("--space", action="store_true",
                    help="only print the replay's space as program.md's `## Search space` (for a live campaign)")
@@ -558,11 +578,13 @@ def main(argv=None):
         if a.surrogate:
             return 0
         t0 = time.monotonic()
-        results = replay(table, a.arms.split(","), a.campaigns, a.hours, max_experiments=a.experiments, jobs=a.jobs)
+        results = replay(table, a.arms.split(","), a.campaigns, a.hours, max_experiments=a.experiments, jobs=a.jobs,
+                         oom_above=a.oom_above)
         if a.save:
             Path(a.save).write_text(json.dumps(results))
         hours = a.hours if a.experiments is None else max(r["hours"] for rs in results.values() for r in rs)
-        print(f"\nreplay: {a.campaigns} campaigns per arm, {a.hours:g} device-hours each "
+        print(f"\nreplay: {a.campaigns} campaigns per arm, {a.hours:g} device-hours each"
+              f"{f', out of memory above DEPTH x TOTAL_BATCH_SIZE {a.oom_above}' if a.oom_above else ''} "
               f"({time.monotonic() - t0:.0f} s to replay)\n")
         report(results, hours, a.reference)
         return 0

@@ -5,7 +5,10 @@ loop, and the hybrid's dialogue with the loopback LLM.
 """
 
 import collections
+import json
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from helpers import AGENT, REPO, events, rows, run_agent, wait_for_run
 from llm_server import ScriptedLLM
 
 import agent
-from harness.propose import search, searchspace
+from harness.propose import memory, search, searchspace
 from harness.propose.edits import apply_answer
 from harness.errors import SetupError
 from harness.run.runner import Kind
@@ -39,9 +42,12 @@ def told(target):
 
 
 def recorded(target):
-    """{n: (state, value)} of events.jsonl's experiments, as the study should hold them."""
-    return {e["n"]: ("FAIL", None) if e["status"] == "crash" or not Kind.of(e).measured else
-            ("COMPLETE", e["metric"]) for e in events(target, "experiment")}
+    """{n: (state, value)} of events.jsonl's experiments, as the study should hold them: a crash, timeout, rejection
+    or overtime of a point the sampler or an override wrote is pruned (and infeasible)."""
+    return {e["n"]: ("PRUNED", None) if e["status"] == "crash" and e.get("kind") in (
+        "crash", "timeout", "rejected", "overtime") and e.get("by", e.get("proposer")) in (
+        "tpe", "cmaes", "random", "llm override") else ("FAIL", None) if e["status"] == "crash" or not
+        Kind.of(e).measured else ("COMPLETE", e["metric"]) for e in events(target, "experiment")}
 
 
 def assert_study_matches(target):
@@ -139,6 +145,76 @@ def test_the_study_learns_no_value_from_an_experiment_the_environment_left_unjud
     assert search.outcome_of(dict(status="crash", metric=0.0, kind="crash")) == (states.FAIL, None)
     assert search.outcome_of(dict(status="discard", metric=0.0, kind="cancelled", cancelled={"at": 0.5})) == (
         states.PRUNED, None)
+
+
+CONSTANTS = memory.Change(moves=("DEPTH up",), families=("DEPTH",))    # an edit of the space's constants only
+
+
+def test_a_failure_of_the_point_is_infeasible_and_the_machines_or_a_code_edits_tells_nothing():
+    """search.failure_of: a crash, a timeout, a rejection or an overtime run of a constants-only edit is its point's
+    failure; a lost worker or node (the machine), a code edit (its constants may be the best's), an edit git could
+    not read and a crash an older version recorded without its kind are not. Such a failure is a pruned trial with
+    no value (marked infeasible by search.finish or search.added); the others stay failed trials."""
+    states = optuna.trial.TrialState
+    crash = dict(n=4, status="crash", metric=0.0, kind="crash")
+    assert [search.failure_of({**crash, "kind": k}, CONSTANTS) for k in ("crash", "timeout", "rejected", "overtime",
+                                                                         "lost", "node")] == \
+        ["crash", "timeout", "rejected", "overtime", None, None]
+    assert search.failure_of(crash, memory.Change(("code: GPT.forward",), ("DEPTH", "code: GPT.forward"))) is None
+    assert search.failure_of(crash, memory.Change()) is None
+    assert search.failure_of({k: v for k, v in crash.items() if k != "kind"}, CONSTANTS) is None
+    assert search.failure_of(dict(n=4, status="discard", metric=2.0, kind="ok"), CONSTANTS) is None
+    assert search.outcome_of(crash, "crash") == (states.PRUNED, None)
+    assert search.outcome_of(crash) == (states.FAIL, None)
+
+
+def centaur(name, told, overrides, n=40):
+    """A search over DEPTH (2..16) and LR whose points with DEPTH > 12 crash (run out of memory), n experiments: the
+    sampler's own points, and with `overrides` every second experiment an LLM's override at DEPTH 16 (the Centaur
+    pathology of Ferreira et al. 2026: overrides that keep failing), added to the study as the harness adds it.
+    told: "harness" (search.finish / search.added with failure_of: an infeasible trial) or "blind" (a failed trial,
+    as before). Returns (the sampler's own points that crashed, its own points), and the study."""
+    dist = {"DEPTH": optuna.distributions.IntDistribution(2, 16),
+            "LR": optuna.distributions.FloatDistribution(0.005, 0.5, log=True)}
+    value = lambda p: 1.0 + math.log(p["LR"] / 0.05) ** 2 + p["DEPTH"] / 100   # noqa: E731
+    study = optuna.create_study(direction="minimize")
+    study.add_trial(search.added(optuna.trial.TrialState.COMPLETE, value({"DEPTH": 8, "LR": 0.04}), None,
+                                 {"DEPTH": 8, "LR": 0.04}, dist, {"n": 0}))
+    own = []
+    for i in range(1, n + 1):
+        crash = dict(n=i, status="crash", metric=0.0, kind="crash")
+        failure = search.failure_of(crash, CONSTANTS) if told == "harness" else None
+        if overrides and i % 2 == 0:
+            study.add_trial(search.added(*search.outcome_of(crash, failure), failure, {"DEPTH": 16, "LR": 0.05}, dist,
+                                         {"n": i, "by": "llm override"}))
+            continue
+        study.sampler = search.sampler_for(name, random.Random(f"{name}:{i}").randrange(2**31))
+        trial = study.ask(dist)
+        own.append(trial.params["DEPTH"] > 12)
+        event = crash if own[-1] else dict(n=i, status="discard", metric=value(trial.params), kind="ok")
+        search.finish(study, trial, *search.outcome_of(event, failure if own[-1] else None),
+                      failure if own[-1] else None)
+    return (sum(own), len(own)), study
+
+
+def test_failures_keep_the_samplers_own_points_out_of_the_failing_region_and_failed_overrides_cannot_pull_them_in():
+    """TPE told of its own crashes as infeasible trials samples the crashing region far less than when they are
+    failed trials (which it ignores: it keeps sampling there); overrides that keep failing, told as the harness tells
+    them, do not make the sampler's own points fail more (TPE counts them among its bad trials; CMA-ES models no
+    pruned trial); an infeasible trial is never the study's best."""
+    blind, _ = centaur("tpe", "blind", False)
+    aware, study = centaur("tpe", "harness", False)
+    assert blind == (37, 40) and aware == (6, 40)        # the seeds are fixed: exact counts
+    assert study.best_trial.user_attrs.get(search.INFEASIBLE) is None
+    failed = [t for t in study.trials if search.INFEASIBLE in t.user_attrs]
+    assert len(failed) == 6 and all(t.state.name == "PRUNED" and t.constraints == {search.CONSTRAINT: 1.0}
+                                    for t in failed)
+    for name in ("tpe", "cmaes"):
+        alone, _ = centaur(name, "harness", False)
+        (crashed, runs), study = centaur(name, "harness", True)
+        assert crashed / runs <= alone[0] / alone[1], name
+        assert [t.user_attrs[search.INFEASIBLE] for t in study.trials if t.user_attrs.get("by") == "llm override"] \
+            == ["crash"] * 20
 
 
 def test_a_bad_search_space_stops_the_loop_at_start_with_exit_2(target, capsys):
@@ -327,6 +403,40 @@ def test_hybrid_code_edit_after_a_stall_and_report_shows_who_proposed(target):
                                 if e["status"] == "keep")
     assert "proposed by  " + ", ".join(f"{k} {v} ({keeps[k]} kept)" for k, v in counts.most_common()) in report
     assert "llm code 1 (" in report
+
+
+def test_overrides_that_keep_failing_are_infeasible_trials_shown_to_the_llm_and_rebuilt_alike(target, capsys):
+    """The hybrid with an LLM whose overrides keep crashing (DEPTH 16: out of memory above 12): each is recorded
+    (by "llm override", kind crash), told to the study as an infeasible trial (pruned, constraint violated), shown
+    to the LLM as a failure of its point; a study rebuilt from the events holds the same trials."""
+    train = target / "train.py"
+    train.write_text(train.read_text().replace("SLEEP = 0.0\n", "SLEEP = 0.0\nif DEPTH > 12:\n    raise MemoryError("
+                                               "'CUDA out of memory: DEPTH > 12')\n"))
+    git.Repo(target).git.commit("-qam", "out of memory above DEPTH 12")
+    script = ['{"decision": "override", "values": {"DEPTH": 16}, "reason": "deeper is better"}'] * 40
+    rc, asked = hybrid_llm_answers(target, script, "--max-experiments", "8", "--llm-share", "0.5", "--stall", "50")
+    assert rc == 0
+    overrides = [e for e in events(target, "experiment") if e.get("by") == "llm override"]
+    assert len(overrides) >= 2 and {(e["status"], e["kind"]) for e in overrides} == {("crash", "crash")}
+    found = assert_study_matches(target)
+    trials = {t.user_attrs["n"]: t for t in study_of(target).trials if "n" in t.user_attrs}
+    assert all(trials[e["n"]].user_attrs[search.INFEASIBLE] == "crash" and trials[e["n"]].constraints ==
+               {search.CONSTRAINT: 1.0} for e in overrides)
+    assert any(f"#{overrides[0]['n']} by llm override: failed at its point (crash)" in body["messages"][0]["content"]
+               for body in asked)
+    (target / ".git" / "autoresearch" / "t" / search.STUDY_DB).unlink()
+    assert hybrid_llm_answers(target, [], "--max-experiments", "8")[0] == 0
+    assert assert_study_matches(target) == found
+    # an older version recorded no kind: its crash tells the sampler nothing, said once as the study is rebuilt
+    old = overrides[0]["n"]
+    lines = [json.loads(line) for line in (target / "events.jsonl").read_text().splitlines()]
+    (target / "events.jsonl").write_text("".join(json.dumps({k: v for k, v in e.items() if not (
+        k == "kind" and e["event"] == "experiment" and e["n"] == old)}) + "\n" for e in lines))
+    (target / ".git" / "autoresearch" / "t" / search.STUDY_DB).unlink()
+    capsys.readouterr()
+    assert hybrid_llm_answers(target, [], "--max-experiments", "8")[0] == 0
+    assert assert_study_matches(target)[old][:2] == ("FAIL", None)
+    assert f"1 crash(es) recorded by an older version (#{old}) tell the sampler nothing" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("declared", [

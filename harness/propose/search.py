@@ -16,6 +16,7 @@ import warnings
 from harness import console, files
 from harness.errors import SetupError, Stop
 from harness.gitops import GitError, file_at
+from harness.propose import memory
 from harness.propose.searchspace import SPACE_HEADING, constants, parses, space_of, space_section, values_of, write_point
 from harness.run.runner import Kind
 from harness.schema import Event
@@ -25,6 +26,15 @@ STUDY_DB = "study.db"
 TPE_STARTUP = 4                 # finished trials (the baseline's included) before TPE models: Optuna's default 10
 #                                 random ones would be a night's first hour at 5 minutes a run
 EXHAUSTED = 20                  # points in a row already measured or running: the space is used up
+# A failure the point is to blame for tells the sampler where not to go (failure_of): a crash (running out of memory
+# among them), a timeout, a rejection (training past the budget) or a run over the wall-time allowance, of an edit
+# that changed the space's constants only. Such a trial is pruned (no value) and marked infeasible (Optuna's
+# constraint CONSTRAINT > 0 and the user attribute INFEASIBLE): TPE puts infeasible trials among its bad ones, and
+# CMA-ES, which models no pruned trial, is told nothing (bench_yield: a penalty value from the measured trials did
+# not pay for it, docs/benchmarks.md).
+POINT_FAILURES = (Kind.CRASH, Kind.TIMEOUT, Kind.REJECTED, Kind.OVERTIME)
+CONSTRAINT = "point"
+INFEASIBLE = "infeasible"
 
 
 def sampler_for(name, seed):
@@ -34,6 +44,8 @@ def sampler_for(name, seed):
     parameters drawn by a seeded random sampler."""
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # an infeasible trial is pruned, which CMA-ES ignores: its warning that it reads no constraint says nothing new
+    warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEsSampler")
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
                                           n_startup_trials=TPE_STARTUP)
@@ -154,8 +166,9 @@ def disagreement(s, study):
         e = recorded.get(n)
         if e is None:
             return f"has a trial for experiment #{n}, which events.jsonl does not record"
-        state, value = outcome_of(e)
-        if state != t.state or value is not None and not math.isclose(t.value, value, rel_tol=1e-9, abs_tol=1e-12):
+        state, value, failure = told(s, e)
+        if state != t.state or value is not None and not math.isclose(t.value, value, rel_tol=1e-9, abs_tol=1e-12) \
+                or t.user_attrs.get(INFEASIBLE) != failure:
             return f"disagrees with events.jsonl on experiment #{n}"
     return None
 
@@ -165,29 +178,63 @@ def catch_up(s):
     older tag), and close the points an earlier invocation asked for and never ran (failed, marked abandoned)."""
     import optuna
     study = s.search.study
-    told = {t.user_attrs.get("n") for t in study.get_trials(deepcopy=False)}
+    known = {t.user_attrs.get("n") for t in study.get_trials(deepcopy=False)}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-    trials = [trial_of(s, e) for e in s.history if e["n"] not in told]
-    study.add_trials([t for t in trials if t is not None])
+    missing = [e for e in s.history if e["n"] not in known]
+    study.add_trials([trial for e in missing if (trial := trial_of(s, e)) is not None])
+    older = [e["n"] for e in missing if e["status"] == "crash" and "kind" not in e]
+    if older:
+        say(s, f"{len(older)} crash(es) recorded by an older version (#{', #'.join(map(str, older[:5]))}) tell the "
+               "sampler nothing: their kind (the point's fault or the machine's) was not recorded")
 
 
-def outcome_of(event):
-    """(Optuna TrialState, value) of a recorded experiment: COMPLETE with its metric; FAIL for a crash and for one
-    the environment left not judged (Kind.measured false: its point may be measured again); PRUNED for a run cancelled
-    early (harness.judge.curves: its curve was behind the best's), with no value."""
+def outcome_of(event, failure=None):
+    """(Optuna TrialState, value) of a recorded experiment: COMPLETE with its metric; FAIL for a crash and for one the
+    environment left not judged (Kind.measured false: its point may be measured again); PRUNED with no value for a
+    run cancelled early (harness.judge.curves: its curve was behind the best's) and for a failure of its point
+    (failure: failure_of's; the trial is then marked infeasible)."""
     import optuna
-    if event.get("cancelled"):
+    if event.get("cancelled") or failure is not None:
         return optuna.trial.TrialState.PRUNED, None
     if event["status"] == "crash" or not Kind.of(event).measured:
         return optuna.trial.TrialState.FAIL, None
     return optuna.trial.TrialState.COMPLETE, event["metric"]
 
 
+def failure_of(event, change):
+    """Why experiment `event` failed because of its point: its kind's name ("crash", "timeout", "rejected",
+    "overtime": POINT_FAILURES), or None when it did not fail, when the environment failed it (a lost Ray worker or
+    node: the machine, not the point), when its edit changed code (change: its memory.Change; a code edit's crash says
+    nothing of its constants, which may be the best's own; an empty Change: not known) and for a crash an older
+    version recorded without its kind."""
+    if event["status"] != "crash" or event.get("cancelled") or "kind" not in event:
+        return None
+    if Kind.of(event) not in POINT_FAILURES or not change.families or \
+            any(f.startswith("code: ") for f in change.families):
+        return None
+    return Kind.of(event).value
+
+
+def told(s, event):
+    """(state, value, failure) the study is told of a recorded experiment: outcome_of with failure_of (None unless
+    the trial is infeasible)."""
+    failure = failure_of(event, memory.change_at(s, event))
+    return (*outcome_of(event, failure), failure)
+
+
+def finish(study, trial, state, value, failure=None):
+    """Tell the study how an asked trial ended; a failure of its point (failure_of) is marked infeasible (the
+    INFEASIBLE user attribute with its kind, Optuna's constraint CONSTRAINT at 1) first."""
+    if failure is not None:
+        trial.set_user_attr(INFEASIBLE, failure)
+        trial.set_constraint(CONSTRAINT, 1.0)
+    study.tell(trial, value, state=state)
+
+
 def trial_of(s, event, values=None):
     """The finished Optuna trial of a recorded experiment: its constants' values (from its commit's train.py unless
-    given), its metric, or failed for a crash; None when its train.py cannot be read."""
-    import optuna
+    given) and how it ended (told); None when its train.py cannot be read."""
     if values is None:
         if event["n"] in s.cache.unreadable:
             return None
@@ -195,11 +242,20 @@ def trial_of(s, event, values=None):
             values = values_of(s.search.space, file_at(s.repo, event["full_commit"], s.tag.train_rel), s.tag.profile)
         except (GitError, SetupError, ValueError):
             return None
-    state, value = outcome_of(event)
-    return optuna.trial.create_trial(
-        state=state, value=value, params=values,
-        distributions={k: s.search.space[k].distribution() for k in values},
-        user_attrs={"n": event["n"], "by": who(event)})
+    return added(*told(s, event), values, {k: s.search.space[k].distribution() for k in values},
+                 {"n": event["n"], "by": who(event)})
+
+
+def added(state, value, failure, params, distributions, attrs):
+    """A finished Optuna trial to add to a study (study.add_trial): a point the sampler did not ask for (an LLM's or
+    a human's edit, an override) or a rebuilt one; a failure of its point (failure_of) marked infeasible as finish
+    marks it. A sampler that models only the points it asked (CMA-ES: its generations) ignores it."""
+    import optuna
+    trial = optuna.trial.create_trial(state=state, value=value, params=params, distributions=distributions,
+                                      user_attrs=attrs | ({INFEASIBLE: failure} if failure else {}))
+    if failure is not None:
+        trial.set_constraint(CONSTRAINT, 1.0)
+    return trial
 
 
 def suggest(s, name, source, n, attempt=0):
@@ -320,8 +376,7 @@ def tell(s, event):
             search.pending = [(w, t) for w, t in search.pending if t is not match]
             match.set_user_attr("n", event["n"])
             match.set_user_attr("by", who(event))
-            state, value = outcome_of(event)
-            search.study.tell(match, value, state=state)
+            finish(search.study, match, *told(s, event))
         elif (trial := trial_of(s, event, values)) is not None:
             search.study.add_trial(trial)
     except Exception as e:  # noqa: BLE001  (the experiment is recorded; the study is a cache of the events)
@@ -349,7 +404,8 @@ def state_words(s, metric, limit=12):
         lines.append(f"Best point so far (#{best.user_attrs['n']}, {metric} {best.value:.6f}): "
                      f"{shown(search.space, best.params)}")
     for t in trials[-limit:]:
-        delta = f"{t.value:.6f} ({t.value - base:+.6f} vs baseline)" if t.value is not None and base is not None \
+        delta = f"failed at its point ({t.user_attrs[INFEASIBLE]})" if INFEASIBLE in t.user_attrs else \
+            f"{t.value:.6f} ({t.value - base:+.6f} vs baseline)" if t.value is not None and base is not None \
             else "cancelled early" if t.state.name == "PRUNED" else "crash"
         lines.append(f"#{t.user_attrs['n']} by {t.user_attrs.get('by', '?')}: {delta}: {shown(search.space, t.params)}")
     return "\n".join(lines)
