@@ -563,6 +563,9 @@ def main(argv=None):
         p.error(f"unknown arm(s) {', '.join(unknown)}: choose from {', '.join(ARMS)}")
     if a.campaigns < 2 or a.hours <= 0:
         p.error("--campaigns must be at least 2 (a confidence interval) and --hours above 0")
+    if a.oom_above is not None and a.oom_above < SPACE["DEPTH"][0] * SPACE["TOTAL_BATCH_SIZE"][0]:
+        p.error(f"--oom-above {a.oom_above} leaves no room for the baseline (DEPTH {SPACE['DEPTH'][0]} x "
+                f"TOTAL_BATCH_SIZE {SPACE['TOTAL_BATCH_SIZE'][0]}): give at least their product")
     if a.space:
         print(space_section(), end="")
         return 0

@@ -208,7 +208,7 @@ def failure_of(event, change):
     node: the machine, not the point), when its edit changed code (change: its memory.Change; a code edit's crash says
     nothing of its constants, which may be the best's own; an empty Change: not known) and for a crash an older
     version recorded without its kind."""
-    if event["status"] != "crash" or event.get("cancelled") or "kind" not in event:
+    if event["status"] != "crash" or "kind" not in event:
         return None
     if Kind.of(event) not in POINT_FAILURES or not change.families or \
             any(f.startswith("code: ") for f in change.families):
@@ -219,17 +219,23 @@ def failure_of(event, change):
 def told(s, event):
     """(state, value, failure) the study is told of a recorded experiment: outcome_of with failure_of (None unless
     the trial is infeasible)."""
-    failure = failure_of(event, memory.change_at(s, event))
+    # memory.change_at reads git: for a crash only (this runs over the whole history at each start)
+    failure = failure_of(event, memory.change_at(s, event)) if event["status"] == "crash" else None
     return (*outcome_of(event, failure), failure)
 
 
 def finish(study, trial, state, value, failure=None):
-    """Tell the study how an asked trial ended; a failure of its point (failure_of) is marked infeasible (the
-    INFEASIBLE user attribute with its kind, Optuna's constraint CONSTRAINT at 1) first."""
+    """Tell the study how an asked trial ended; a failure of its point (failure_of) is marked infeasible first."""
+    mark(trial, failure)
+    study.tell(trial, value, state=state)
+
+
+def mark(trial, failure):
+    """Mark an Optuna trial (asked, or created to be added) infeasible when failure (failure_of's kind) is not None:
+    the INFEASIBLE user attribute with the kind, Optuna's constraint CONSTRAINT at 1."""
     if failure is not None:
         trial.set_user_attr(INFEASIBLE, failure)
         trial.set_constraint(CONSTRAINT, 1.0)
-    study.tell(trial, value, state=state)
 
 
 def trial_of(s, event, values=None):
@@ -252,9 +258,8 @@ def added(state, value, failure, params, distributions, attrs):
     marks it. A sampler that models only the points it asked (CMA-ES: its generations) ignores it."""
     import optuna
     trial = optuna.trial.create_trial(state=state, value=value, params=params, distributions=distributions,
-                                      user_attrs=attrs | ({INFEASIBLE: failure} if failure else {}))
-    if failure is not None:
-        trial.set_constraint(CONSTRAINT, 1.0)
+                                      user_attrs=attrs)
+    mark(trial, failure)
     return trial
 
 
