@@ -458,10 +458,10 @@ def test_a_branch_checked_out_during_the_loop_is_never_moved(target):
 
 
 def test_stale_git_locks_are_named_at_start_and_a_git_failure_is_a_message(target, capsys):
-    """A lock a dead git command left (a reboot mid-write): refused at the start, nothing created. One that appears
-    while a winner trains: the keep is recorded, the stop quotes git, no traceback; the rerun resumes."""
-    locks = target / ".git" / "refs" / "notes" / "commits.lock"
-    locks.parent.mkdir(parents=True, exist_ok=True)
+    """A lock a dead git command left on a ref not the agent's (a reboot mid-write): refused at the start, nothing
+    created. One on its own refs (a killed agent's): removed with a line. One that appears while a winner trains:
+    the keep is recorded, the stop quotes git, no traceback; the rerun removes it and resumes."""
+    locks = target / ".git" / "refs" / "heads" / "main.lock"
     locks.write_text("")
     assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
     err = capsys.readouterr().err
@@ -469,22 +469,26 @@ def test_stale_git_locks_are_named_at_start_and_a_git_failure_is_a_message(targe
     assert f"remove it (rm {locks})" in err
     assert "autoresearch/t" not in git.Repo(target).heads and not (target / "events.jsonl").exists()
     locks.unlink()
+    notes_lock = target / ".git" / "refs" / "notes" / "commits.lock"
+    notes_lock.parent.mkdir(parents=True, exist_ok=True)
+    notes_lock.write_text("")
     slow_win = edit("raise LR slowly", "LR = 0.04\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 0.0",
                     "LR = 0.05\nDEPTH = 8\nWARMUP = 0.1\nSLEEP = 2.0")
     branch_lock = target / ".git" / "refs" / "heads" / "autoresearch" / "t.lock"
     with ScriptedLLM([slow_win]) as llm:
         proc = start_agent(target, llm, "--max-experiments", "1")
         wait_for_run(target, 1, proc)
+        assert not notes_lock.exists()
         branch_lock.write_text("")
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in err
     assert "agent.py: stopped: `git update-ref` failed: fatal: update_ref failed for ref 'refs/heads/autoresearch/t': cannot lock ref" in err
     kept = events(target, "experiment")[-1]
     assert kept["status"] == "keep" and rows(target)[-1].startswith(kept["commit"])
-    branch_lock.unlink()
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1") == 0
-    assert sha(target, "autoresearch/t") == kept["full_commit"]
+    assert f"removed {branch_lock}: a git lock left by a git command of a killed agent.py" in capsys.readouterr().out
+    assert sha(target, "autoresearch/t") == kept["full_commit"] and not branch_lock.exists()
 
 
 def test_a_target_file_that_is_not_utf8_is_named_before_anything_is_created(target, capsys):

@@ -141,11 +141,23 @@ def committed_frozen(s, changed):
                          "stashes, resets or deletes your work: commit or stash them yourself, then rerun")
 
 
+def git_locks(s):
+    """The lock files of the repository's refs and packed-refs: a git command writing them, or one that died
+    mid-write. Returns (own, other): own are on the refs this agent writes (its branch, its candidate refs, the notes
+    ref), which only it writes while it holds the repo lock; other are the rest."""
+    root = gitops.git_dir(s.repo)
+    locks = sorted((root / "refs").rglob("*.lock")) + [p for p in [root / "packed-refs.lock"] if p.exists()]
+    mine = (f"refs/heads/{s.tag.branch}.lock", f"{gitops.NOTES_REF}.lock")
+    own = [p for p in locks if p.relative_to(root).as_posix() in mine
+           or p.relative_to(root).as_posix().startswith(f"refs/autoresearch/{s.settings.tag}/")]
+    return own, [p for p in locks if p not in own]
+
+
 def no_stale_git_locks(s):
     """A lock file left by a git command that died mid-write (a reboot, kill -9) would make the first keep or record
-    fail after a whole training run: the refs and packed-refs locks are named here, before anything runs."""
-    root = gitops.git_dir(s.repo)
-    stale = sorted((root / "refs").rglob("*.lock")) + [p for p in [root / "packed-refs.lock"] if p.exists()]
+    fail after a whole training run: the refs and packed-refs locks are named here, before anything runs, except
+    those on this agent's own refs (opening.recover_runs removes a killed agent's)."""
+    stale = git_locks(s)[1]
     if stale:
         raise SetupError(f"stale git lock file{'s' * (len(stale) > 1)} (left by a git command that died mid-write, "
                          f"e.g. at a reboot): {', '.join(map(str, stale))}. If no git command is running in this "

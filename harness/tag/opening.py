@@ -10,6 +10,7 @@ import dataclasses
 import json
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 
@@ -29,6 +30,9 @@ from harness.judge.verdict import DEFAULT_CONFIRM, PAIRED_CONFIRM, rule_of
 from harness.schema import Event
 from harness.tag.session import (RUN_LOG, TRY_LOG, Session, TagConfig, describe, duplicate_of, export_frozen,
                                   file_at_bytes)
+
+
+DEAD_LOCK_AGE = 1.0    # seconds
 
 
 def open_session(settings, profile=None, devices=()):
@@ -131,11 +135,20 @@ def measured_runs(s, all_events):
 
 
 def recover_runs(s, stale_runs, all_events):
-    """What a killed agent left: its training runs (killed now) and a line cut mid-write at the end of events.jsonl
-    or results.tsv (cut off, its text kept as an event). Runs after the refusals that need no repair, so that a
-    refused start changes nothing."""
+    """What a killed agent left: its training runs (killed now), a lock on a ref it writes that is still there
+    DEAD_LOCK_AGE seconds after it was made (removed: a live git holds one for milliseconds, and no other agent.py
+    runs here while we hold the repo lock), and a line cut mid-write at the end of events.jsonl or results.tsv (cut
+    off, its text kept as an event). Runs after the refusals that need no repair, so that a refused start changes
+    nothing."""
     for stale in stale_runs:
         processes.kill_stale_run(stale["pgid"], stale.get("cwd") or s.tag.target)
+    for lock in checks.git_locks(s)[0]:   # git holds a ref lock for the milliseconds of one update
+        try:
+            time.sleep(max(0.0, DEAD_LOCK_AGE - (time.time() - lock.stat().st_mtime)))
+            lock.unlink()
+            console.say(f"removed {lock}: a git lock left by a git command of a killed agent.py")
+        except FileNotFoundError:         # its writer was alive and done
+            pass
     torn = [("events.jsonl", ledger.repair_last_line(s.tag.target / ledger.EVENTS, ledger.is_event)),
             ("results.tsv", ledger.repair_results(s.tag.target / ledger.RESULTS, all_events))]
     for name, fragment in torn:
