@@ -122,21 +122,28 @@ def sdpa_attention(q, k, v, window):
     return y.transpose(1, 2)
 
 
+FA3_REPO, FA3_VERSION = "kernels-community/flash-attn3", 1   # Flash Attention 3 on the kernels hub, its API version
+
+
 def load_flash_attention():
     """Flash Attention 3 from the kernels hub, or None (with the reason) if it cannot run here.
 
+    $AUTORESEARCH_FA3 is the agent's pin, "<repo>@<commit>", loaded from the local cache (the sandbox has no
+    network), or "" where the agent found none (SDPA, said once at its start). Unset: FA3_VERSION from the hub.
     A kernel that loads but fails or disagrees with SDPA on a small probe (Blackwell, ROCm, an old
     driver) is rejected, so the fallback never silently changes the model.
     """
+    pinned = os.environ.get("AUTORESEARCH_FA3")
     if DEVICE.type != "cuda" or DTYPE != torch.bfloat16:
         return None, f"no CUDA bf16 device ({DEVICE.type})"
+    if pinned == "":
+        return None, "none pinned by the agent"
     try:
         from kernels import get_kernel
-        repo = "varunneal/flash-attention-3" if torch.cuda.get_device_capability() == (9, 0) else "kernels-community/flash-attn3"
-        try:
-            fa3 = get_kernel(repo, trust_remote_code=True).flash_attn_interface
-        except TypeError:  # older kernels releases have no trust_remote_code
-            fa3 = get_kernel(repo).flash_attn_interface
+        repo, _, revision = (pinned or FA3_REPO).partition("@")
+        which = {"revision": revision} if revision else {"version": FA3_VERSION}
+        module = get_kernel(repo, trust_remote_code=[repo], **which)
+        fa3 = getattr(module, "flash_attn_interface", module)
         q, k, v = (torch.randn(2, 256, 2, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
         for window in (255, 64):
             y = fa3.flash_attn_func(q, k, v, causal=True, window_size=(window, 0))
@@ -144,13 +151,13 @@ def load_flash_attention():
             err = (y.float() - sdpa_attention(q, k, v, window).float()).abs().max().item()
             if not err < 2e-2:
                 return None, f"{repo} disagrees with SDPA (max abs error {err:.3g})"
-        return fa3, repo
+        return fa3, f"{repo}@{revision}" if revision else repo
     except Exception as e:
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
 fa3, fa3_info = load_flash_attention()
-if fa3 is None and DEVICE.type == "cuda":
+if fa3 is None and DEVICE.type == "cuda" and os.environ.get("AUTORESEARCH_FA3") != "":
     print(f"WARNING: Flash Attention 3 unavailable ({fa3_info}); using PyTorch SDPA with the same sliding windows (slower)")
 ATTENTION = f"fa3 ({fa3_info})" if fa3 is not None else "sdpa"
 

@@ -11,7 +11,9 @@
 # FA3 swapped for SDPA), the separate-process evaluation of that artifact and its gap to train.py's own number
 # (against prepare.py's METRIC_TOLERANCE), the sandbox's confinement on the GPU (one device node, uid nobody, no
 # capabilities), a 2-candidate agent.py run with the random proposer (hermetic runs, the
-# sandbox when bubblewrap works, separate evaluation), and with 2+ GPUs `--devices 0,1` when agent.py has it.
+# sandbox when bubblewrap works, separate evaluation), Flash Attention 3 pinned at its start and loaded by its runs
+# inside the sandbox (fa3-box: FAIL on a machine without network whose cache lacks it, with the agent's reason), and
+# with 2+ GPUs `--devices 0,1` when agent.py has it.
 #
 # Profile: cpu. The shared corpora (~4 MB of text) hold ~120k validation tokens, fewer than the small (1M) or
 # default (21M) profile scores; set PROFILE=small with a bigger corpus.
@@ -123,6 +125,14 @@ if [ $rc -eq 0 ] && [ "$nrows" = 3 ]; then
     row agent ok "3 rows ($(cut -f4 "$REPO/results.tsv" | tail -n +2 | sort | uniq -c | xargs)), $(( $(date +%s) - s )) s; $sandbox"
 else
     row agent FAIL "exit $rc, $nrows rows, see $LOGS/agent.log: $(tail -2 "$LOGS/agent.log" | tr '\n' ' ')"
+fi
+# 5b. Flash Attention 3 in the sandbox (issue 40): pinned and fetched at the agent's start, loaded by its runs offline
+kernel=$(grep -m1 "^attention: " "$LOGS/agent.log")
+used=$(grep -h "^attention:" "$REPO"/.git/autoresearch/gpucheck/logs/*.log 2>/dev/null | awk '{print $2}' | sort | uniq -c | xargs)
+if echo "$kernel" | grep -q "Flash Attention 3" && [ -n "$used" ] && ! echo "$used" | grep -q sdpa; then
+    row fa3-box ok "${kernel#attention: } | runs: $used"
+else
+    row fa3-box FAIL "${kernel:-no attention line in $LOGS/agent.log} | runs: ${used:-none}"
 fi
 [ -f "$REPO/events.jsonl" ] && "${PY[@]}" - "$REPO/events.jsonl" <<'EOF' | while IFS= read -r line; do row "${line%% *}" "$(echo "$line" | cut -d' ' -f2)" "${line#* * }"; done
 import json, sys

@@ -31,7 +31,8 @@ run/ (one run of one commit, wherever it goes)
     guard       what a run may not change outside its run dir: checked around every run
     conditions  the conditions a run ran under, measured by the harness: the speed probe, the wall-time allowance
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
-    hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA); --new-hardware re-measures the baseline
+    hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA, attention); --new-hardware re-measures the baseline
+    flash       Flash Attention 3 pinned per tag: fetched outside the sandbox, loaded offline by its runs
     target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
 judge/ (keep, discard or cancel)
     verdict     the keep/discard/crash rule: Rule, the verdict rules by name (RULES: paired, margin), Verdict,

@@ -16,7 +16,7 @@ from pathlib import Path
 from harness import console, files, gitops, ledger
 from harness.judge import curves, holdout, verdict
 from harness.record import sinks
-from harness.run import conditions, hardware
+from harness.run import conditions, flash, hardware
 from harness.run.backends import Local, Spec, Watch
 from harness.propose.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
@@ -145,6 +145,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{tag.budget:g}", "AUTORESEARCH_SEED": str(seed),
            "AUTORESEARCH_THREADS": str(device.threads if device else THREADS),
            "AUTORESEARCH_ARTIFACT": str(run_dir / ev.get("artifact", "artifact")),
+           **flash.run_env((s.hardware or {}).get("attention")),
            **(s.sandbox.env if s.sandbox else {}), **(device.env if device else {})}
 
     def fresh_frozen():                              # a fresh pristine evaluator right before it runs

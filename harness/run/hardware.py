@@ -1,8 +1,9 @@
 """
 HARNESS: the comparability fingerprint. What a tag's numbers were measured on: the device the runs use (cuda, mps or
-cpu), the GPU one run gets (name and memory), the CPU model, the thread count a run gets, the torch and CUDA versions
-and the frozen inputs' digest. A tag records it when it starts (a "hardware" event, epoch 1); every later start of
-the tag (a resume, any `try`) measures it again and compares (harness.tag.checks.same_hardware). `--new-hardware` opens
+cpu), the GPU one run gets (name and memory), the CPU model, the thread count a run gets, the torch and CUDA versions,
+the frozen inputs' digest and the attention kernel. A tag records it when it starts (a "hardware" event, epoch 1);
+every later start of the tag (a resume, any `try`) measures it again and compares (harness.tag.checks.same_hardware).
+`--new-hardware` opens
 a new epoch: a new baseline is measured there and every later row is marked as of that hardware (ledger.hw_label).
 
 Measured from this process, quickly (it runs at every start and every `try`): never by importing torch (2 s and
@@ -31,20 +32,22 @@ from harness.run.pool import THREADS
 # batch sizes), the CPU model, the CPU threads this machine gives the harness (pool.THREADS, what its runs share:
 # a CPU run's speed; compared only where runs train on the CPU, since on a GPU they only feed it), torch and
 # the CUDA toolkit it was built with (its kernels, torch.compile), and the frozen inputs (the evaluator:
-# harness.tag.checks.same_frozen_inputs refuses that one first, with its own message).
-COMPARED = ("device", "gpu", "cpu_model", "threads", "torch", "cuda", "frozen")
+# harness.tag.checks.same_frozen_inputs refuses that one first, with its own message), and the attention kernel the
+# runs load (harness.run.flash: "<repo>@<commit>", "sdpa" where the target wants one and has none, None otherwise).
+COMPARED = ("device", "gpu", "cpu_model", "threads", "torch", "cuda", "frozen", "attention")
 # Recorded, shown, not compared: the driver changes no kernel torch ships (it JIT-compiles PTX and manages clocks,
 # which the speed probe around every run measures: harness.run.conditions), and the Python version runs no math.
 INFORMATIONAL = ("driver", "python")
 NAMES = {"device": "device", "gpu": "GPU", "cpu_model": "CPU", "threads": "threads", "torch": "torch",
-         "cuda": "CUDA", "frozen": "frozen inputs", "driver": "driver", "python": "Python"}
+         "cuda": "CUDA", "frozen": "frozen inputs", "attention": "attention", "driver": "driver", "python": "Python"}
 
 
 def measure(devices=(), ray=False, digest=None):
     """The fingerprint of the runs this invocation will make: a dict of COMPARED and INFORMATIONAL fields.
     devices: the harness.run.pool.Device list the runs go to (empty: this machine as it is, as `try` runs); ray: the
     runs go to a Ray cluster (device "ray": its machines are not this one, so no GPU or threads are measured here);
-    digest: the frozen inputs' digest (Session.evaluation["digest"]), None for a target without one.
+    digest: the frozen inputs' digest (Session.evaluation["digest"]), None for a target without one. attention: None
+    here; harness.tag.opening sets it where the target wants a kernel (harness.run.flash.ready).
     gpu: "NAME, N GiB" of the GPU one run gets (total memory, GiB rounded), several joined by " + " when the devices
     differ; None without one. threads: the CPU threads this process may use (pool.THREADS: its runs share them,
     `--devices cpu:K` gives each a K-th, the same on every resume that asks for K). Never raises."""
@@ -61,7 +64,8 @@ def measure(devices=(), ray=False, digest=None):
         device = "cpu"
     return {"device": device, "gpu": " + ".join(described) if device == "cuda" else None,
             "cpu_model": cpu_model(), "threads": None if ray else THREADS,
-            "torch": torch_version, "cuda": cuda, "frozen": digest, "driver": driver() if described else None,
+            "torch": torch_version, "cuda": cuda, "frozen": digest, "attention": None,
+            "driver": driver() if described else None,
             "python": platform.python_version()}
 
 
@@ -92,7 +96,8 @@ def words(fields):
     what = fields.get("gpu") if device == "cuda" else f"{fields.get('cpu_model') or '?'}, {fields.get('threads')} " \
         "threads" if device == "cpu" else fields.get("cpu_model") or "?"
     cuda = f", CUDA {fields['cuda']}" if fields.get("cuda") and device == "cuda" else ""
-    return f"{device}: {what}; torch {fields.get('torch') or '?'}{cuda}"
+    attention = f"; attention {fields['attention']}" if fields.get("attention") else ""
+    return f"{device}: {what}; torch {fields.get('torch') or '?'}{cuda}{attention}"
 
 
 def summary_mismatch(fields, summary, threads):
@@ -105,6 +110,9 @@ def summary_mismatch(fields, summary, threads):
         found.append(f"device {said}, recorded {fields['device']}")
     if (summary.get("threads") or "").strip() and threads is not None and summary["threads"].strip() != str(threads):
         found.append(f"threads {summary['threads'].strip()}, given {threads}")
+    used = (summary.get("attention") or "").strip()
+    if used == "sdpa" and "@" in (fields.get("attention") or ""):
+        found.append(f"attention sdpa, pinned {fields['attention']}")
     return "; ".join(found) or None
 
 # ---------------------------------------------------------------------------

@@ -126,11 +126,12 @@ def eval_reads(inputs):
     return train_reads(None) + [Path(p) for p in (inputs or {}).get("evaluator_only", [])]
 
 
-def train_argv(argv, run_dir, inputs, gpu, hide=()):
+def train_argv(argv, run_dir, inputs, gpu, hide=(), also=()):
     """The sandboxed argv of train.py: the view above with the run dir read-write (and its cwd), the target's
-    train_reads, the evaluator-only files (inputs["evaluator_only"]) and `hide` hidden. gpu: see wrap."""
+    train_reads and the paths `also` read-only, the evaluator-only files (inputs["evaluator_only"]) and `hide`
+    hidden. gpu: see wrap."""
     hidden = [*map(Path, (inputs or {}).get("evaluator_only", [])), *map(Path, hide)]
-    return wrap(argv, run_dir=run_dir, expose=train_reads(inputs), hide=hidden, gpu=gpu)
+    return wrap(argv, run_dir=run_dir, expose=[*train_reads(inputs), *map(Path, also)], hide=hidden, gpu=gpu)
 
 
 def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
@@ -143,14 +144,15 @@ def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
 class Tagged:
     """A tag's sandbox (harness.tag.opening makes it when bubblewrap is available): the argv of its train.py and of
     its evaluator, each in its view. inputs() -> what `prepare.py --frozen-inputs` declares (None: not read yet),
-    asked at every wrap; hide: the repository and its git dir; env: scratch_env()."""
+    asked at every wrap; hide: the repository and its git dir; env: scratch_env(); kernels: folders train.py reads
+    besides what the target declares (the pinned Flash Attention kernel's cache folder: harness.run.flash)."""
 
     def __init__(self, inputs, hide):
-        self.inputs, self.hide, self.env = inputs, list(hide), scratch_env()
+        self.inputs, self.hide, self.env, self.kernels = inputs, list(hide), scratch_env(), []
 
     def train(self, argv, run_dir, gpu):
         """train_argv of this tag."""
-        return train_argv(argv, run_dir, self.inputs(), gpu, hide=self.hide)
+        return train_argv(argv, run_dir, self.inputs(), gpu, hide=self.hide, also=self.kernels)
 
     def evaluate(self, argv, frozen_dir, artifact, gpu):
         """eval_argv of this tag."""

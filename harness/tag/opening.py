@@ -8,8 +8,10 @@ hardware fingerprint, the outputs a kill left unwritten, the runs each commit me
 
 import dataclasses
 import json
+import os
 import secrets
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from harness import console, files, gitops, ledger, schema
 from harness.judge import curves, verdict
 from harness.record import dashboard, tracking
-from harness.run import hardware, processes, sandbox, view
+from harness.run import flash, hardware, processes, sandbox, view
 from harness.tag import checks
 from harness.errors import SetupError
 from harness.judge.holdout import pinned_env
@@ -248,6 +250,7 @@ def hardware_side(s, all_events):
     s.hardware = hardware.measure(s.devices, remote, (s.tag.evaluation or {}).get("digest"))
     recorded = ledger.hardware_events(all_events, a.tag)
     last = recorded[-1] if recorded else None
+    s.hardware["attention"] = attention_side(s, last)
     s.hardware_epoch = last.get("epoch", 1) if last else 1
     changed = hardware.differences(last, s.hardware) if last else []
     if changed and s.history:
@@ -259,10 +262,42 @@ def hardware_side(s, all_events):
     elif a.new_hardware and last is not None:
         console.say(f"--new-hardware: this machine matches the fingerprint of tag {a.tag} (hardware epoch "
                     f"{s.hardware_epoch}: {hardware.words(s.hardware)}); nothing to re-measure for it")
-    if last is None or changed:
+    if last is None or changed or (s.hardware["attention"] and "attention" not in last):   # or the first pin
         s.deferred.append((Event.HARDWARE, dict(epoch=s.hardware_epoch, digest=hardware.digest_of(s.hardware),
                                             **s.hardware)))
     checks.try_baseline_due(s, describe)
+
+
+def attention_side(s, last):
+    """The attention kernel of this invocation's runs (harness.run.flash), for a target on CUDA that wants one: the
+    commit the tag recorded (last: its latest fingerprint), or, for a new tag or --new-hardware, the latest of the
+    kernel's version; fetched here, outside the sandbox, and checked where a run would load it. SDPA, said once, where
+    it cannot be had; kept SDPA on a resume of a tag that recorded SDPA. None where the target wants no kernel."""
+    train = s.tag.target / s.tag.train_rel
+    if not flash.wanted(train.read_text(errors="replace") if train.exists() else "", s.hardware["device"]):
+        return None
+    pinned = None if last is None or s.settings.new_hardware else last.get("attention")
+    if pinned == flash.SDPA:
+        return pinned
+    gpu = sandbox.run_gpu(s.devices[0].env if s.devices else {})
+
+    def run(argv, env, folder):
+        if s.sandbox is None:
+            return flash.plain_run(argv, env, folder)
+        run_dir = s.tag.home / "runs" / "kernel-check"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        s.sandbox.kernels = [folder]
+        try:
+            return subprocess.run(s.sandbox.train(argv, run_dir, gpu), capture_output=True, text=True, timeout=300,
+                                  stdin=subprocess.DEVNULL, cwd=run_dir, env={**os.environ, **s.sandbox.env, **env})
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    attention, folder, line = flash.ready(pinned, run)
+    if s.sandbox is not None:
+        s.sandbox.kernels = [folder] if folder else []
+    console.say(line or f"attention: Flash Attention 3, {attention} (pinned for tag {s.settings.tag}; in the cache, "
+                        "shown read-only to each run)")
+    return attention
 
 
 def restore_outputs(s, all_events):
