@@ -33,6 +33,7 @@ run/ (one run of one commit, wherever it goes)
     usage       a run's memory, measured by the harness (process tree RSS, NVML)
     hardware    the tag's fingerprint (GPU, CPU, threads, torch, CUDA, attention); --new-hardware re-measures the baseline
     flash       Flash Attention 3 pinned per tag: fetched outside the sandbox, loaded offline by its runs
+    matched     the compute-matched budget (--budget-like h100): a reference GPU's budget in this device's seconds
     target      what a target is: its frozen constants, the budget, prepare.py --check / --preflight / --holdout
 judge/ (keep, discard or cancel)
     verdict     the keep/discard/crash rule: Rule, the verdict rules by name (RULES: paired, margin), Verdict,

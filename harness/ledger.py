@@ -59,10 +59,21 @@ def smoke_label(budget):
     return f"[budget {budget:g}s] "
 
 
+# A row of a tag with a compute-matched budget (--budget-like, harness.run.matched) says so first, e.g.
+# "[like h100 300s: 1799s] baseline": its number is this device's at an H100's compute, not a plain 300 s run.
+LIKE_LABEL = re.compile(r"^\[like [^\]]*\]\s*")
+
+
+def like_label(event):
+    """The label of a row of an experiment event with budget_like: "[like h100 300s: 1799s] "; "" without."""
+    like = event.get("budget_like")
+    return f"[like {like['name']} {like['base_s']:g}s: {event['budget_s']:g}s] " if like else ""
+
+
 # A row measured on the tag's k-th hardware (k >= 2: `--new-hardware`, harness.run.hardware) is labelled after any smoke
 # label, e.g. "[hw2] baseline on new hardware": its number is not comparable with the rows before its epoch.
-HW_LABEL = re.compile(r"^(?:\[budget [^\]]*\]\s*)?\[hw(\d+)\]\s*")
-LABELS = re.compile(r"^(?:\[(?:budget [^\]]*|hw\d+)\]\s*)+")    # every label the harness writes, however many
+HW_LABEL = re.compile(r"^(?:\[(?:budget|like) [^\]]*\]\s*)?\[hw(\d+)\]\s*")
+LABELS = re.compile(r"^(?:\[(?:budget [^\]]*|like [^\]]*|hw\d+)\]\s*)+")    # every label the harness writes
 
 
 def hw_label(epoch):
@@ -78,9 +89,9 @@ def epoch_of_row(description):
 
 def results_row(event):
     """karpathy's 5 columns from an "experiment" event: 7-char commit, metric (6 decimals), memory_gb
-    (1 decimal), status, description (with smoke_label first for an event with smoke=True, then hw_label of its
-    hardware_epoch)."""
-    label = smoke_label(event["budget_s"]) if event.get("smoke") else ""
+    (1 decimal), status, description (with smoke_label first for an event with smoke=True, else like_label, then
+    hw_label of its hardware_epoch)."""
+    label = smoke_label(event["budget_s"]) if event.get("smoke") else like_label(event)
     label += hw_label(event.get("hardware_epoch"))
     return (f"{event['commit']}\t{event['metric']:.6f}\t{event['memory_gb']:.1f}\t{event['status']}\t"
             f"{label}{event['description']}")

@@ -267,7 +267,6 @@ def suggest(s, name, source, n, attempt=0):
     """The sampler's next point for experiment n (attempt > 0: the last one was refused, e.g. already measured; that
     trial is closed as failed first), as (answer, point): an edit of best train.py `source` setting the constants of
     the space that it still has. Raises SetupError when the search has nothing to search (no constants, no study)."""
-    import optuna
     search = of(s)
     if not search.space:                # the tag's train.py does not parse (attach refused one with no constant):
         return "", {}                   # no idea; its baseline crashes and says why

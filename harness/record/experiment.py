@@ -362,6 +362,7 @@ def record(s, result):
                   llm_seconds=round(r.spend.llm_seconds, 3), input_tokens=r.spend.input_tokens,
                   output_tokens=r.spend.output_tokens, cost_usd=round(r.spend.usd, 6), proposer=s.settings.proposer,
                   repairs=r.repairs, fixes=r.fixes, budget_s=s.tag.budget, smoke=s.tag.smoke,
+                  budget_like=s.tag.budget_like,
                   base=r.base or s.best_commit, base_metric=r.base_metric if r.base else s.best_metric,
                   idea=idea, reason=redact(r.why), kind=r.kind.value, sandbox=s.sandbox is not None,
                   tokens_per_sec=verdict.tokens_per_sec(outcome), runs=list(r.judged.runs) or None,

@@ -97,11 +97,14 @@ def readable(s):
 
 def one_budget(s):
     """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
-    started = next((e.get("budget_s") for e in s.history if e.get("budget_s") is not None), s.tag.budget)
-    if started != s.tag.budget:
+    first = next((e for e in s.history if e.get("budget_s") is not None),
+                 {"budget_s": s.tag.budget, "budget_like": s.tag.budget_like})
+    started, like = first["budget_s"], (first.get("budget_like") or {}).get("name")
+    if started != s.tag.budget or like != (s.tag.budget_like or {}).get("name"):
+        how = f"--budget-like {like}" if like else "the same AUTORESEARCH_TIME_BUDGET, no --budget-like"
         raise SetupError(f"tag {s.settings.tag!r} was measured with a {started:g} s budget and this run has "
                          f"{s.tag.budget:g} s: its numbers would not be comparable. Use the same budget "
-                         "(AUTORESEARCH_TIME_BUDGET) to resume it, or start a new --tag")
+                         f"({how}) to resume it, or start a new --tag")
 
 
 def one_rule(s, recorded):

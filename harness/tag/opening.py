@@ -19,7 +19,9 @@ from pathlib import Path
 from harness import console, files, gitops, ledger, schema
 from harness.judge import curves, verdict
 from harness.record import dashboard, tracking
-from harness.run import flash, hardware, processes, sandbox, view
+from harness.run import flash, hardware, matched, processes, sandbox, view
+from harness.run.pool import THREADS
+from harness.run.runner import interpreter
 from harness.tag import checks
 from harness.errors import SetupError
 from harness.judge.holdout import pinned_env
@@ -52,6 +54,7 @@ def open_session(settings, profile=None, devices=()):
     state = tag_state(all_events, settings.tag)
     s = new_session(settings, target, constants, state, profile)
     s.devices = list(devices)
+    budget_like_side(s)
     mlflow = tracking.sqlite_path(settings.mlflow) if settings.mlflow else None
     checks.regular_records(records(s), [s.tag.home.parent, s.tag.home, s.tag.home / "logs"], [mlflow] if mlflow else [])
     checks.one_target(s)
@@ -109,6 +112,37 @@ def new_session(settings, target, constants, state, profile=None):
                    rule=rule_of(constants["METRIC_GOAL"], baseline=ledger.baseline_of(history),
                                 runs=settings.baseline_runs, **tag_rule(settings, state)),
                    spend=Spend(state.input_tokens, state.output_tokens, state.cost_usd))
+
+
+def budget_like_side(s):
+    """--budget-like: the tag's budget is the profile's on the reference GPU in this device's seconds
+    (harness.run.matched), said at start; a resume with the same reference keeps the seconds the tag recorded (a
+    measured speed varies). Refused (exit 2, nothing changed) with AUTORESEARCH_TIME_BUDGET, on Ray, or where this
+    device's speed cannot be told."""
+    like = s.settings.budget_like
+    if like is None:
+        return
+    if s.tag.smoke:
+        raise SetupError("--budget-like scales the profile's budget; AUTORESEARCH_TIME_BUDGET sets another one: "
+                         "unset one of them")
+    recorded = next((e for e in s.history if (e.get("budget_like") or {}).get("name") == like), None)
+    if recorded is not None:
+        seconds, words = recorded["budget_s"], f"{s.tag.budget:g} s on {matched.article(matched.REFERENCES[like])}" \
+            f" = {recorded['budget_s']:,.0f} s here (recorded by tag {s.settings.tag})"
+    else:
+        remote = any(d.remote is not None for d in s.devices)
+        fields = hardware.measure(s.devices, remote)
+        device = s.devices[0] if s.devices else None
+        env = {**os.environ, **(device.env if device else {}),
+               "OMP_NUM_THREADS": str(device.threads if device else THREADS)}
+        try:
+            seconds, words = matched.scaled(s.tag.budget, like, fields,
+                                            lambda: matched.measure(fields["device"], interpreter(), env))
+        except matched.Unmeasurable as e:
+            raise SetupError(f"--budget-like {like}: {e}. Leave --budget-like out for the profile's own budget") \
+                from None
+    s.tag = dataclasses.replace(s.tag, budget=float(seconds), budget_like={"name": like, "base_s": s.tag.budget})
+    console.say(f"budget: {words}")
 
 
 def tag_rule(settings, state):

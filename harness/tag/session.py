@@ -69,6 +69,7 @@ class TagConfig:
     goal: str                           # "min" or "max"
     budget: float                       # effective TIME_BUDGET in seconds
     smoke: bool = False                 # the budget is shortened (AUTORESEARCH_TIME_BUDGET): rows are labelled
+    budget_like: dict | None = None     # --budget-like: {"name", "base_s"}, budget is base_s on that GPU here
     timeout: float | None = None        # --timeout, else the one the tag's baseline recorded; None: derived
     #                                     (experiment.run_timeout)
     profile: str | None = None          # device class reported by `prepare.py --check`, if any

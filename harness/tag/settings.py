@@ -15,6 +15,7 @@ from harness.judge import curves, verdict
 from harness.propose import memory, providers
 from harness.record import tracking
 from harness.propose.edits import EMPTY_DESCRIPTION, clean_description
+from harness.run import matched
 from harness.run.pool import THREADS, parse_devices
 from harness.propose.proposers import PROPOSERS
 from harness.propose.providers import PROVIDERS, RETRY_CAP_S
@@ -44,6 +45,7 @@ class Settings:
     source: str | None                  # local files to prepare the data from when none is prepared
     cancel: str = "on"                  # --cancel on | off | a rule in curves.RULES: stop a candidate's first run
     #                                     whose curve is behind
+    budget_like: str | None = None      # --budget-like NAME: the budget is NAME's compute (harness.run.matched)
     new_hardware: bool = False          # --new-hardware: the tag's fingerprint (harness.run.hardware) differs here:
                                         # measure a new baseline on this hardware before any new candidate
     proposer: str = "external"          # anthropic | openai | tpe | cmaes | random | grid | hybrid; "external": `try`
@@ -271,6 +273,10 @@ def add_common_flags(p):
                    f"{1 / FALSE_KEEP:.0f}). Fixed for a tag when its baseline is recorded")
     p.add_argument("--source", metavar="PATH", help="when no data is prepared yet: prepare it from these local files "
                    "(prepare.py --source PATH; offline) instead of the default download for this device")
+    p.add_argument("--budget-like", choices=sorted(matched.REFERENCES), metavar="GPU", help="a compute-matched "
+                   "budget: the profile's budget on this GPU (" + ", ".join(sorted(matched.REFERENCES)) + ") in this "
+                   "device's seconds, by datasheet peaks (a measured matmul where there is none), e.g. 300 s on an "
+                   "H100 = 1,799 s on an RTX 4090. Fixed for a tag; its rows are labelled [like GPU ...]")
     p.add_argument("--new-hardware", action="store_true", help="resume a tag whose hardware or software (GPU, CPU, "
                    "threads, torch, CUDA: its fingerprint, recorded when it started) differs here: a new baseline "
                    "(the best's train.py, --baseline-runs times) is measured here before anything else, and every "
