@@ -142,6 +142,10 @@ for e in map(json.loads, open(sys.argv[1])):
         print(f"exp{e.get('n')} {ok} {e.get('status')} {e.get('metric')} wall {e.get('wall_seconds', 0):.0f} s, memory {e.get('memory_gb')} GB ({e.get('memory_source')}; train.py said {e.get('reported_memory_gb')}): {str(e.get('description'))[:60]} {e.get('reason') or ''}")
 EOF
 
+# 5c. the compute-matched budget (issue 40): an H100's 300 s in this GPU's seconds, from its fingerprint
+like=$(cd "$ROOT" && "${PY[@]}" -c "from harness.run import hardware, matched; print(matched.scaled(300, 'h100', hardware.measure(), lambda: matched.measure('cuda', __import__('sys').executable, dict(__import__('os').environ)))[1])" 2>&1 | tail -1)
+case "$like" in "300 s on an H100 = "*) row matched ok "$like" ;; *) row matched FAIL "$like" ;; esac
+
 # 6. several devices (issue 11): only with 2+ GPUs and an agent.py that has --devices
 if [ "${NGPU:-0}" -ge 2 ] 2>/dev/null && "${PY[@]}" "$ROOT/agent.py" --help 2>/dev/null | grep -q -- "--devices"; then
     ( cd "$REPO" && AUTORESEARCH_TIME_BUDGET="$AGENT_BUDGET" timeout 300 "${PY[@]}" "$ROOT/agent.py" --tag gpucheck2 \
