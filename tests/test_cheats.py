@@ -513,7 +513,7 @@ def test_a_view_that_would_show_the_repository_refuses_the_start(target, monkeyp
     """The view check at tag start runs inside the real sandbox: were a hide ever dropped again (as under /usr
     before), the tag does not start."""
     real = sandbox.train_argv
-    monkeypatch.setattr(sandbox, "train_argv", lambda argv, run_dir, inputs, gpu, hide=(): real(
+    monkeypatch.setattr(sandbox, "train_argv", lambda argv, run_dir, inputs, gpu, hide=(), also=(): real(
         argv, run_dir, {**(inputs or {}), "train_reads": [str(target)]}, gpu))
     with ScriptedLLM([]) as llm:
         assert run_agent(target, llm, "anthropic", "--max-experiments", "1", "--sandbox", "auto") == 2
