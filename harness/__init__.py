@@ -23,6 +23,7 @@ run/ (one run of one commit, wherever it goes)
                 remote backend (`python -m harness.run.node` for one that starts a process), received(result)
     cluster     the Ray side (--ray): RaySource, RayBackend (its tasks run node's body)
     pool        where the devices come from (DeviceSource: Local for --devices), the worker threads, throughput
+    phases      where a device's wall time goes: a run's phases and the training share
     runner      run one commit's train.py with a timeout, evaluate it separately -> Outcome
                 (Outcome.kind: ok, crash, timeout, rejected, overtime, lost, node, cancelled)
     processes   a run's process group: its log, ticks, the kill of the group and its strays; stale runs killed

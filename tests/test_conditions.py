@@ -18,6 +18,7 @@ import git
 import pytest
 
 import agent
+import report
 from harness.record import experiment
 from harness.run import conditions
 from harness.run.conditions import Allowance, Probe
@@ -291,3 +292,33 @@ def test_a_failing_probe_leaves_the_allowance_unscaled_with_a_warning(timed, cap
     out = capsys.readouterr().out
     assert out.count("speed probe: none (probe_s is not a number: 'x0.010000')") == 1
     assert [e["probe_problem"] for e in events(timed, "run_end")] == ["probe_s is not a number: 'x0.010000'"] * 2
+
+
+def test_each_run_says_where_its_time_went_and_the_next_run_reuses_the_probe_after(timed):
+    """The timed target prints training_seconds (its 1 s budget) and eval_seconds 0: each run_end splits train.py's
+    wall time into 0.5 s of start-up and 1 s of training, with the probes and the separate evaluation beside; the
+    baseline's first run probes before it, every later run of the invocation takes the probe after the run before
+    it (one device, nothing run between). The stop event's shares add up to 1, training first in the report's
+    throughput line."""
+    train = timed / "train.py"
+    train.write_text(train.read_text().replace('print(f"time_budget_s:', 'print(f"training_seconds: {budget:.1f}")\n'
+                                               'print("eval_seconds: 0.0")\nprint(f"time_budget_s:'))
+    git.Repo(timed).git.commit("-qam", "prints its training seconds")
+    loop(timed, [edit("lower LR", "LR = 0.04", "LR = 0.041"), edit("higher LR", "LR = 0.04", "LR = 0.039")],
+         "--baseline-runs", "1", "--confirm", "0")
+    ends = events(timed, "run_end")
+    assert len(ends) == 3 and all(e["kind"] == "ok" for e in ends)
+    for e in ends:
+        split = e["phases"]
+        assert split["training"] == 1.0 and split.get("end", 0.0) == 0.0
+        assert split["start-up"] == pytest.approx(e["train_seconds"] - 1.0, abs=0.002)
+        assert 0.5 <= split["start-up"] < 2.0 and split["probe"] > 0 and split["evaluation"] > 0
+        assert split["harness"] >= 0
+    assert [e.get("probe_shared") for e in ends] == [None, True, True]
+    assert [e["probe_s"] for e in ends] == [0.01] * 3
+    stop = events(timed, "stop")[-1]
+    assert sum(stop["phases"].values()) == pytest.approx(1.0, abs=0.002)
+    assert 0 < stop["phases"]["training"] < 1
+    assert stop["phases"]["training"] == pytest.approx(3.0 / stop["wall_s"], rel=0.01)
+    [line] = report.throughput_of(types.SimpleNamespace(tag="t", events=events(timed)))
+    assert f"; wall time: training {stop['phases']['training']:.0%}; " in line

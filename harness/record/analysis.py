@@ -15,7 +15,7 @@ import git
 
 from harness import schema
 from harness.judge import curves
-from harness.run import hardware
+from harness.run import hardware, phases
 from harness.judge.curves import ROW as CANCELLED_ROW
 from harness.errors import SetupError
 from harness.gitops import harness_dir
@@ -401,8 +401,9 @@ def rule_of(run, baseline=None):
 
 def throughput_of(run):
     """Lines on how busy the devices were, one per invocation of agent.py's loop on the run's tag (its last
-    "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait (no label: the
-    report prints "throughput", the page its own). [] without events or such figures (runs from before they were
+    "throughput" or "stop" event): experiments per hour, each device's busy share, the proposal wait, where the wall
+    time went (the training share first: harness.run.phases; no label: the report prints "throughput", the page its
+    own). [] without events or such figures (runs from before they were
     logged, `agent.py try`)."""
     lines, last = [], None
     for e in run.events or []:
@@ -416,7 +417,9 @@ def throughput_of(run):
     lines += [last] if last is not None else []
     return [f"{e['experiments_per_hour']:.1f} experiments/hour over {_duration(e['wall_s'])}; device busy "
             + ", ".join(f"{name} {share:.0%}" for name, share in e["busy"].items())
-            + f"; proposal wait {e['proposal_wait_s']:.0f} device-seconds" for e in lines]
+            + f"; proposal wait {e['proposal_wait_s']:.0f} device-seconds"
+            + (f"; wall time: {phases.words(e['phases'])}" if isinstance(e.get("phases"), dict) else "")
+            for e in lines]
 
 
 def holdout_of(run):

@@ -11,12 +11,13 @@ import hashlib
 import secrets
 import shutil
 import statistics
+import time
 from pathlib import Path
 
 from harness import console, files, gitops, ledger
 from harness.judge import curves, holdout, verdict
 from harness.record import sinks
-from harness.run import conditions, flash, hardware
+from harness.run import conditions, flash, hardware, phases
 from harness.run.backends import Local, Spec, Watch
 from harness.propose.edits import clean_description, with_reason
 from harness.errors import SetupError, Stop
@@ -139,7 +140,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     says of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
     harness.run.hardware). Safe to call from several threads at once. Returns the runner's Outcome."""
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
-    tag = s.tag
+    tag, started = s.tag, time.monotonic()
     seed, run_dir = run_seed(s, n, run), tag.home / "runs" / secrets.token_hex(8)
     frozen_dir, ev = tag.home / (device.frozen if device else "frozen"), tag.evaluation or {}
     env = {**ev.get("env", {}), "AUTORESEARCH_TIME_BUDGET": f"{tag.budget:g}", "AUTORESEARCH_SEED": str(seed),
@@ -156,7 +157,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     spec = Spec(n, fix, run, seed, sha, run_dir, frozen_dir, log_path(s, n, fix, run, best), env, tag.metric,
                 run_timeout(s), tag.budget if evaluation else None, None if s.baseline_due else max_wall(s),
                 evaluation, fresh_frozen, device, tag.speed_probe,
-                cancel_watcher(s, n, run, sha, base))
+                cancel_watcher(s, n, run, sha, base),
+                s.pool.shared_probe(device) if tag.speed_probe and s.pool is not None and device is not None else None)
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, tag.target_rel, run_dir, leave_out=evaluator_only_inside(s))
@@ -165,18 +167,23 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
             export_frozen(s, frozen_dir)    # a device's first run: the probe before training runs from its copy
     outcome = (device.remote if device is not None and device.remote is not None else Local(s)).run(
         spec, RunWatch(s, spec, best))
-    after_run(s, spec, outcome, best)
+    after_run(s, spec, outcome, best, started)
     return outcome
 
 
-def after_run(s, spec, outcome, best):
+def after_run(s, spec, outcome, best, started):
     """The bookkeeping of a run that ended (train's): its curve kept beside its log and in the caches, its log copied
     to <target>/run.log, a "cancel" event when its rule stopped it, its metric and probe kept by seed, its summary's
-    device and threads checked against the fingerprint (a warning), the probe's failure said once, "run_end"."""
+    device and threads checked against the fingerprint (a warning), the probe's failure said once, its phases (the
+    harness's share: the seconds since `started`, monotonic, that no other phase took) counted on its device,
+    "run_end"."""
     n, fix, run, seed, sha, device = spec.n, spec.fix, spec.run, spec.seed, spec.commit, spec.device
     curve = curves.of_log(spec.log)
     curves.save(curve, spec.log)
     with s.lock:
+        outcome.phases["harness"] = max(0.0, time.monotonic() - started - sum(outcome.phases.values()))
+        if s.pool is not None and device is not None:
+            s.pool.ran(device, outcome)
         if spec.log.exists():
             files.copy_record(spec.log, s.tag.target / RUN_LOG)
         if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own
@@ -204,7 +211,8 @@ def after_run(s, spec, outcome, best):
               log=str(spec.log), log_tail=outcome.log_tail if outcome.metric is None else "",
               device=device.name if device else None, seed=seed, probe_s=outcome.probe_s,
               probe_problem=outcome.probe_problem or None, best=best or None,
-              hardware_mismatch=outcome.hardware_mismatch, timeout_s=outcome.timeout_s)
+              hardware_mismatch=outcome.hardware_mismatch, timeout_s=outcome.timeout_s,
+              phases=phases.rounded(outcome.phases), probe_shared=spec.probed is not None or None)
 
 
 def log_path(s, n, fix, run=0, best=False):

@@ -42,6 +42,7 @@ class Spec:
     device: object = None                   # the harness.run.pool.Device it runs on (None: this machine as it is)
     probe: bool = False                     # run the target's speed probe around it (prepare.py SPEED_PROBE)
     cancel: object = None                   # a curves.Watcher: stop the training early when its rule says so
+    probed: tuple | None = None             # the probe before, already measured (runner.RunSpec.probed; local only)
 
 
 class Watch:
@@ -94,7 +95,7 @@ class Local:
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: box.train(argv, spec.run_dir, gpu)) if box else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
-            on_tick=watch.tick, on_phase=watch.phase, cancel=spec.cancel,
+            on_tick=watch.tick, on_phase=watch.phase, cancel=spec.cancel, probed=spec.probed,
             probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env})
             if spec.probe else None)
         try:

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 
 from harness.errors import SetupError
+from harness.run import phases
 
 # The CPU thread count of every run (train.py and the evaluator, through AUTORESEARCH_THREADS): fixed, so that CPU
 # runs are comparable; the cores this process may use.
@@ -39,6 +40,8 @@ class Device:
     remote: object = None
     busy_s: float = 0.0             # seconds it spent running (training, evaluation, confirmations) this invocation
     since: float | None = None      # when the job in flight on it started (monotonic), None when it is free
+    phases: dict = dataclasses.field(default_factory=dict)   # its runs' {phase: seconds} (harness.run.phases)
+    probed: tuple | None = None     # (the probe after its last run, when it ended: monotonic), for the next run
 
 
 class DeviceSource(typing.Protocol):
@@ -118,6 +121,12 @@ def frozen_name(i):
     return "frozen" if i == 0 else f"frozen-{i}"
 
 
+# How old the probe after a run may be to stand for the next run's probe before (Pool.shared_probe): long enough for
+# an LLM's answer between two experiments (20 s for a reasoning model), short enough that the device's conditions
+# are those the probe measured.
+SHARED_PROBE_S = 60.0
+
+
 @dataclasses.dataclass
 class Throughput:
     """How busy the devices are (this invocation): experiments recorded per wall hour, each device's busy share
@@ -127,23 +136,27 @@ class Throughput:
     busy: dict                      # device name -> share in [0, 1]
     proposal_wait_s: float
     wall_s: float
+    phases: dict = dataclasses.field(default_factory=dict)   # phase -> share of the devices' wall time (sums to 1)
 
     def short(self):
-        """For the status line: '12.3 exp/h, busy 97%, wait 14s'."""
+        """For the status line: '12.3 exp/h, busy 97%, training 88%, wait 14s'."""
         busy = sum(self.busy.values()) / max(1, len(self.busy))
-        return f"{self.experiments_per_hour:.1f} exp/h, busy {busy:.0%}, wait {self.proposal_wait_s:.0f}s"
+        return (f"{self.experiments_per_hour:.1f} exp/h, busy {busy:.0%}, training {self.phases.get('training', 0):.0%}"
+                f", wait {self.proposal_wait_s:.0f}s")
 
     def line(self):
         """For the end of a run: every figure in words."""
         busy = ", ".join(f"{name} {share:.0%}" for name, share in self.busy.items())
         return (f"throughput: {self.experiments_per_hour:.1f} experiments/hour; device busy {busy}; proposal wait "
-                f"{self.proposal_wait_s:.0f} device-seconds over {self.wall_s:.0f}s")
+                f"{self.proposal_wait_s:.0f} device-seconds over {self.wall_s:.0f}s; wall time: "
+                f"{phases.words(self.phases)}")
 
     def fields(self):
         """For an event: rounded numbers."""
         return dict(experiments_per_hour=round(self.experiments_per_hour, 3),
                     busy={k: round(v, 4) for k, v in self.busy.items()},
-                    proposal_wait_s=round(self.proposal_wait_s, 3), wall_s=round(self.wall_s, 3))
+                    proposal_wait_s=round(self.proposal_wait_s, 3), wall_s=round(self.wall_s, 3),
+                    phases={k: round(v, 4) for k, v in self.phases.items()})
 
 
 class Pool:
@@ -204,12 +217,35 @@ class Pool:
         self.wait_s += seconds * len(self.free)
 
     def throughput(self, experiments):
-        """The Throughput now, given the number of experiments recorded so far (the tag's, baseline included)."""
-        wall = max(1e-9, time.monotonic() - self.started)
+        """The Throughput now, given the number of experiments recorded so far (the tag's, baseline included). Its
+        phases: the runs' phases summed over the devices, the rest of their busy time "harness" (the verdict, the
+        bookkeeping around a run), a job still running "in flight", the time no job ran "idle"; shares of the
+        devices' wall time together."""
         now = time.monotonic()
-        busy = {d.name: min(1.0, (d.busy_s + (now - d.since if d.since is not None else 0.0)) / wall)
-                for d in self.devices}
-        return Throughput(3600 * (experiments - self.before) / wall, busy, self.wait_s, wall)
+        wall = max(1e-9, now - self.started)
+        busy, spent = {}, {}
+        for d in self.devices:
+            flight = now - d.since if d.since is not None else 0.0
+            busy[d.name] = min(1.0, (d.busy_s + flight) / wall)
+            phases.add(spent, d.phases)
+            phases.add(spent, {"harness": max(0.0, d.busy_s - sum(d.phases.values())), "in flight": flight,
+                               "idle": max(0.0, wall - d.busy_s - flight)})
+        shares = {k: v / (wall * len(self.devices)) for k, v in phases.rounded(spent).items()}
+        return Throughput(3600 * (experiments - self.before) / wall, busy, self.wait_s, wall, shares)
+
+    def shared_probe(self, device):
+        """The probe before a run on device, already measured: the probe after its previous run, if this pool has
+        one device (no other run can have changed its conditions since), that run ended at most SHARED_PROBE_S
+        ago and it gave a number. Each probe after serves one run. Returns (seconds, "") or None (probe again)."""
+        found, device.probed = device.probed, None
+        if found is None or len(self.devices) != 1 or found[0] is None or device.remote is not None:
+            return None
+        return (found[0], "") if time.monotonic() - found[1] <= SHARED_PROBE_S else None
+
+    def ran(self, device, outcome):
+        """A run on device ended (the worker's thread): its phases counted, its probe after kept for the next."""
+        phases.add(device.phases, outcome.phases)
+        device.probed = (outcome.probe_after, time.monotonic())
 
     def close(self):
         """Stop: every run in flight is killed (the runner kills its process group at its next tick), the threads

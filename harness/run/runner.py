@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness.run import conditions, usage
+from harness.run import conditions, phases, usage
 from harness.run.processes import Cancelled, run_process
 from harness.redact import clean_env, redact
 
@@ -56,6 +56,8 @@ class RunSpec:
     budget: float | None = None             # the harness's budget: the summary's time_budget_s must equal it
     max_wall: object = None                 # conditions.Allowance: train.py's wall time allowed (None: unchecked)
     probe: Callable | None = None           # conditions.Probe: () -> (seconds | None, problem), before and after
+    probed: tuple | None = None             # the probe before, already measured: the previous run's probe after, on
+    #                                         this device with nothing run since (harness.run.pool.Device.shared_probe)
     evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
@@ -122,6 +124,8 @@ class Outcome:
     probe_problem: str = ""                 # why a probe gave no number (the old rules apply), else ""
     cancel: object = None                   # the curves.Cancel that stopped it (kind CANCELLED)
     timeout_s: float | None = None          # the training's hard limit at its speed probe (conditions.Timeout)
+    probe_after: float | None = None        # the probe after the run alone (the next run's, when nothing runs between)
+    phases: dict = dataclasses.field(default_factory=dict)   # {phase: wall seconds} (harness.run.phases.split)
 
     def fail(self, kind, reason):
         """The run has no believed metric: how (a Kind) and why (a line for the row, the event and the LLM)."""
@@ -139,9 +143,12 @@ def run(spec):
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
-    if spec.probe:
+    probing = 0.0                           # wall seconds of the probes run here
+    if spec.probe and spec.probed is None:
         spec.on_phase("probing")
-    before = spec.probe() if spec.probe else (None, "")
+    t0 = time.monotonic()
+    before = spec.probed or (spec.probe() if spec.probe else (None, ""))
+    probing += time.monotonic() - t0
     limit = timeout_s(spec.timeout, before[0])
     spec.on_phase("training")
     try:
@@ -151,18 +158,21 @@ def run(spec):
     except Cancelled as stopped:            # its process group is gone: one outcome, never a second one
         cap_log(spec.log)
         outcome = Outcome(spec.commit, None, 0.0, stopped.elapsed, cancel=stopped.cancel,
-                          log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])))
+                          log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])),
+                          phases=phases.split({}, stopped.elapsed, probing))
         return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
     if spec.probe and rc == 0:
         spec.on_phase("probing")
+    t0 = time.monotonic()
     after = spec.probe() if spec.probe and rc == 0 else (None, "")   # a crash or a timeout is judged without it
+    probing += time.monotonic() - t0
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
     own, reported_gb, own_problem = read_metric(summary, spec.metric)
     outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
                       reported_memory_gb=reported_gb, probe_s=conditions.combine(before[0], after[0]),
-                      probe_problem=before[1] or after[1], timeout_s=limit)
+                      probe_problem=before[1] or after[1], timeout_s=limit, probe_after=after[0])
     allowed = spec.max_wall.seconds(outcome.probe_s) if spec.max_wall is not None else None
     if tampered:
         outcome.fail(Kind.REJECTED, f"rejected: train.py modified {', '.join(tampered)}")
@@ -187,6 +197,7 @@ def run(spec):
         evaluate(spec, outcome)
     if outcome.metric is not None:          # karpathy's rows: a run without a result records 0.0
         outcome.memory_gb, outcome.memory_source = peak.memory_gb(), peak.source
+    outcome.phases = phases.split(summary if rc == 0 and not timed_out else {}, seconds, probing, outcome.eval_seconds)
     # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
     outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
