@@ -10,7 +10,9 @@ properties from it (seed sd, a slower machine, single-constant edits).
 
 Designs (in this order by default): base (train.py's lab values), slow (the base point at 80 % of the budget: what a
 20 % slower machine trains, the schedule being a share of the budget), moves (each constant set to each of its other
-values alone), random (points drawn from the grid, seeded). A run is plain `python train.py` in a copy of the
+values alone), random (points drawn from the grid, seeded), short (every point the table holds at the full budget,
+again at SHORT of it with its own schedule: whether a short run ranks points as the full one does, issue 39's
+question for multi-fidelity screening; --summary prints the rank agreement). A run is plain `python train.py` in a copy of the
 repository's prepare.py and train.py with the point's values written by the harness's own searchspace.write_point;
 train.py's own val_bpb is recorded (an honest train.py: it agrees with the separate evaluator within
 METRIC_TOLERANCE; bench/bench_hermetic.py measures that). Run it on a quiet machine: the budget is wall time.
@@ -57,7 +59,11 @@ SPACE = {
 }
 SLOW = 0.8              # the slow design's budget, as a share of the profile's: a machine 20 % slower
 CURVE_POINTS = 40       # a run's curve is kept at about this many points (of ~60 progress lines)
-DESIGNS = ("base", "slow", "moves", "random")
+SHORT = 0.25            # the short design's budget, as a share of the profile's (15 s of the lab's 60 s)
+DESIGNS = ("base", "slow", "moves", "random", "short")
+# The kinds of change whose rankings are compared apart (issue 39: a short budget may favour small, fast models)
+KINDS = {"rates": ("MATRIX_LR", "EMBEDDING_LR", "UNEMBEDDING_LR", "WEIGHT_DECAY", "WARMDOWN_RATIO"),
+         "model size": ("DEPTH",), "batch": ("TOTAL_BATCH_SIZE",)}
 
 
 class TableError(Exception):
@@ -143,9 +149,12 @@ def key(point):
     return tuple(sorted((k, v) for k, v in point.items() if SPACE[k][0] != v))
 
 
-def design(name, seeds, draws=40, rng_seed=0):
-    """[(point, seed, budget share)] of a design (see the module's docstring); a point holds every constant."""
+def design(name, seeds, draws=40, rng_seed=0, held=()):
+    """[(point, seed, budget share)] of a design (see the module's docstring); a point holds every constant. held:
+    the points the table holds at the full budget (the short design's)."""
     base = {k: values[0] for k, values in SPACE.items()}
+    if name == "short":
+        return [(p, s, SHORT) for p in held for s in range(1, seeds + 1)]
     if name == "base":
         return [(base, s, 1.0) for s in range(1, seeds + 1)]
     if name == "slow":
@@ -210,7 +219,9 @@ def collect(out, designs, seeds, draws, limit_s, cache=None):
         raise TableError(f"{out} was recorded with another train.py (sha256 {header['provenance']['train_sha'][:12]}, "
                          f"here {here['train_sha'][:12]}): new rows would mix two programs; collect into a new --out")
     done = {(key(r["point"]), r["seed"], r["budget"]) for r in rows}
-    todo = [(p, s, share * here["budget"]) for name in designs for p, s, share in design(name, seeds, draws)]
+    held = list({key(r["point"]): r["point"] for r in rows if r["budget"] == here["budget"]}.values())
+    todo = [(p, s, share * here["budget"]) for name in designs for p, s, share in design(name, seeds, draws,
+                                                                                         held=held)]
     todo = [t for t in todo if (key(t[0]), t[1], t[2]) not in done]
     print(f"{out}: {len(rows)} runs recorded ({skipped} torn rows skipped), {len(todo)} to go; "
           f"probe_s {here['probe_s']}", flush=True)
@@ -261,6 +272,72 @@ def summary(out):
     if effects:
         largest = max(abs(e) for e in effects.values())
         print(f"largest single-constant effect {largest:.4f} = {largest / sd:.1f} seed sd (target: at least 5)")
+    for line in rank_agreement(rows, budget):
+        print(line)
+
+
+def kendall_tau(xs, ys):
+    """Kendall's tau-b of two equally long lists of numbers (Kendall 1945: ties in either list counted apart);
+    nan for fewer than two pairs without ties."""
+    concordant = discordant = tied_x = tied_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tied_x += 1
+            elif dy == 0:
+                tied_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    both = (concordant + discordant + tied_x) * (concordant + discordant + tied_y)
+    return (concordant - discordant) / both ** 0.5 if both else float("nan")
+
+
+def rank_agreement(rows, budget):
+    """Lines on whether shorter budgets rank points as the full budget does: for each shorter budget, Kendall's tau
+    between the points' mean val_bpb there and at the full budget, over every point run at both and per kind of
+    change (KINDS: the base and the single-constant moves of that kind); the noise's own ceiling (tau between seed 1
+    and seed 2 at the full budget); and what a screen keeping the short budget's best third would keep of the full
+    budget's best third. [] when the table holds no shorter budget (collect --design short)."""
+    means = {}
+    for r in rows:
+        if r["val_bpb"] is not None:
+            means.setdefault(r["budget"], {}).setdefault(key(r["point"]), []).append(r["val_bpb"])
+    full = {k: statistics.fmean(v) for k, v in means.get(budget, {}).items()}
+    lines = []
+    for short in sorted(b for b in means if b < budget and b != SLOW * budget):
+        at = {k: statistics.fmean(v) for k, v in means[short].items() if k in full}
+        points = sorted(at)
+        if len(points) < 3:
+            continue
+        tau = kendall_tau([at[k] for k in points], [full[k] for k in points])
+        lines.append(f"\nrank agreement, {short:g} s (own schedule) against {budget:g} s: Kendall tau {tau:+.2f} over "
+                     f"{len(points)} points")
+        for kind, names in KINDS.items():
+            kin = [k for k in points if len(k) <= 1 and all(n in names for n, _ in k)]
+            if len(kin) >= 3:
+                lines.append(f"  {kind:<11} tau {kendall_tau([at[k] for k in kin], [full[k] for k in kin]):+.2f} "
+                             f"over {len(kin)} points (the base and its single moves)")
+        third = max(1, len(points) // 3)
+        best_full = set(sorted(points, key=full.get)[:third])
+        best_short = set(sorted(points, key=at.get)[:third])
+        champion = min(points, key=full.get)
+        lines.append(f"  a screen promoting the short budget's best {third} keeps {len(best_full & best_short)} of the "
+                     f"full budget's best {third}; the full budget's best point ranks "
+                     f"{sorted(points, key=at.get).index(champion) + 1} of {len(points)} at {short:g} s")
+        by_seed = {}
+        for r in rows:
+            if r["budget"] == budget and r["val_bpb"] is not None and r["seed"] in (1, 2):
+                by_seed.setdefault(key(r["point"]), {})[r["seed"]] = r["val_bpb"]
+        pairs = [v for k, v in by_seed.items() if k in at and len(v) == 2]
+        if len(pairs) >= 3:
+            lines.append(f"  the noise's ceiling: seed 1 against seed 2 at {budget:g} s, tau "
+                         f"{kendall_tau([v[1] for v in pairs], [v[2] for v in pairs]):+.2f} over {len(pairs)} points")
+    return lines
 
 
 def main(argv=None):
@@ -279,7 +356,8 @@ def main(argv=None):
             summary(a.out)
             return 0
         for name in a.design or DESIGNS:
-            seeds = max(a.seeds, 8) if name in ("base", "slow") and a.design is None else a.seeds
+            seeds = max(a.seeds, 8) if name in ("base", "slow") and a.design is None else \
+                min(a.seeds, 2) if name == "short" and a.design is None else a.seeds
             collect(a.out, [name], seeds, a.draws, a.limit_minutes * 60, a.cache)
         return 0
     return refused(body, "lab_table.py")

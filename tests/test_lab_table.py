@@ -68,3 +68,35 @@ def test_a_point_is_written_into_the_lab_branch():
     assert "    MATRIX_LR = 0.08" in lab and "    TOTAL_BATCH_SIZE = 2**12" in lab
     assert source.split("elif PROFILE")[1:] == (REPO / "train.py").read_text().split("elif PROFILE")[1:]
     assert L.source_at(BASE) == (REPO / "train.py").read_text()
+
+
+def test_kendall_tau_by_hand():
+    """Four points, one pair swapped: (5 - 1) / 6. Ties in one list: tau-b, 2 / sqrt(3 x 2)."""
+    assert L.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert L.kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 6 ** 0.5)
+    assert L.kendall_tau([1, 2], [2, 1]) == -1.0
+
+
+def test_the_rank_agreement_of_a_short_budget_with_the_full_one_per_kind_of_change():
+    """Six points; at 15 s the small model (DEPTH=2) is first, at 60 s fifth (issue 39's worry: a short budget
+    favours small, fast models). Overall 10 concordant and 5 discordant pairs: +0.33; the rates keep their order
+    (+1.00); model size (base, DEPTH=2, DEPTH=4) one pair swapped of three: +0.33; the batch has 2 points: no line.
+    A screen keeping the short budget's best 2 keeps 1 of the full budget's best 2; two seeds 0.002 apart: the noise's
+    ceiling +1.00."""
+    full = {(): 2.00, ("MATRIX_LR", 0.02): 2.02, ("MATRIX_LR", 0.08): 2.05, ("DEPTH", 2): 2.06, ("DEPTH", 4): 2.10,
+            ("TOTAL_BATCH_SIZE", 1024): 2.04}
+    short = {(): 2.30, ("MATRIX_LR", 0.02): 2.33, ("MATRIX_LR", 0.08): 2.36, ("DEPTH", 2): 2.20, ("DEPTH", 4): 2.50,
+             ("TOTAL_BATCH_SIZE", 1024): 2.31}
+    point = lambda k: {**BASE, **dict([k] if k else [])}  # noqa: E731
+    rows = [row(point(k), s, v + d) for k, v in full.items() for s, d in ((1, -0.001), (2, 0.001))]
+    rows += [row(point(k), 1, v, budget=15.0) for k, v in short.items()]
+    rows += [row(BASE, 1, 2.4, budget=48.0)]                              # the slow design: not a screening budget
+    assert L.rank_agreement(rows, 60.0) == [
+        "\nrank agreement, 15 s (own schedule) against 60 s: Kendall tau +0.33 over 6 points",
+        "  rates       tau +1.00 over 3 points (the base and its single moves)",
+        "  model size  tau +0.33 over 3 points (the base and its single moves)",
+        "  a screen promoting the short budget's best 2 keeps 1 of the full budget's best 2; the full budget's best "
+        "point ranks 2 of 6 at 15 s",
+        "  the noise's ceiling: seed 1 against seed 2 at 60 s, tau +1.00 over 6 points"]
+    assert L.rank_agreement(rows[:12], 60.0) == []
+    assert {share for _, _, share in L.design("short", 2, held=[BASE])} == {L.SHORT}
