@@ -578,6 +578,9 @@ def main(argv=None):
             return 0
         table = lab_table.read_table(a.table, expect=expected())
         surrogate_report(table)
+        for line in lab_table.rank_agreement(table[1], table[0]["provenance"]["budget"]) or [
+                "\nmulti-fidelity screening: the table holds no shorter budget (bench/lab_table.py --design short)"]:
+            print(line)
         if a.surrogate:
             return 0
         t0 = time.monotonic()

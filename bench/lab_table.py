@@ -329,6 +329,12 @@ def rank_agreement(rows, budget):
         lines.append(f"  a screen promoting the short budget's best {third} keeps {len(best_full & best_short)} of the "
                      f"full budget's best {third}; the full budget's best point ranks "
                      f"{sorted(points, key=at.get).index(champion) + 1} of {len(points)} at {short:g} s")
+        walls = {b: statistics.fmean(r["wall_s"] for r in rows if r["budget"] == b and r["val_bpb"] is not None)
+                 for b in (short, budget)}
+        cost = walls[short] / walls[budget] + 1 / 3
+        lines.append(f"  a short run takes {walls[short] / walls[budget]:.2f} of a full run's wall time (start-up "
+                     f"included): screening every point and running its best third in full costs {cost:.2f} of "
+                     f"running every point in full, at most {1 / cost:.2f}x the points per device-hour")
         by_seed = {}
         for r in rows:
             if r["budget"] == budget and r["val_bpb"] is not None and r["seed"] in (1, 2):

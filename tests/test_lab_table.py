@@ -97,6 +97,8 @@ def test_the_rank_agreement_of_a_short_budget_with_the_full_one_per_kind_of_chan
         "  model size  tau +0.33 over 3 points (the base and its single moves)",
         "  a screen promoting the short budget's best 2 keeps 1 of the full budget's best 2; the full budget's best "
         "point ranks 2 of 6 at 15 s",
+        "  a short run takes 1.00 of a full run's wall time (start-up included): screening every point and running its "
+        "best third in full costs 1.33 of running every point in full, at most 0.75x the points per device-hour",
         "  the noise's ceiling: seed 1 against seed 2 at 60 s, tau +1.00 over 6 points"]
     assert L.rank_agreement(rows[:12], 60.0) == []
     assert {share for _, _, share in L.design("short", 2, held=[BASE])} == {L.SHORT}
