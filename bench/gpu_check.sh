@@ -134,12 +134,17 @@ if echo "$kernel" | grep -q "Flash Attention 3" && [ -n "$used" ] && ! echo "$us
 else
     row fa3-box FAIL "${kernel:-no attention line in $LOGS/agent.log} | runs: ${used:-none}"
 fi
-[ -f "$REPO/events.jsonl" ] && "${PY[@]}" - "$REPO/events.jsonl" <<'EOF' | while IFS= read -r line; do row "${line%% *}" "$(echo "$line" | cut -d' ' -f2)" "${line#* * }"; done
+[ -f "$REPO/events.jsonl" ] && "${PY[@]}" - "$REPO/events.jsonl" "$ROOT" <<'EOF' | while IFS= read -r line; do row "${line%% *}" "$(echo "$line" | cut -d' ' -f2)" "${line#* * }"; done
 import json, sys
 for e in map(json.loads, open(sys.argv[1])):
     if e.get("event") == "experiment":
         ok = "ok" if e.get("status") in ("keep", "discard") else "FAIL"
         print(f"exp{e.get('n')} {ok} {e.get('status')} {e.get('metric')} wall {e.get('wall_seconds', 0):.0f} s, memory {e.get('memory_gb')} GB ({e.get('memory_source')}; train.py said {e.get('reported_memory_gb')}): {str(e.get('description'))[:60]} {e.get('reason') or ''}")
+        budget = e.get("budget_s")
+    if e.get("event") == "stop" and isinstance(e.get("phases"), dict):   # where the GPU's wall time went (issue 40)
+        sys.path.insert(0, sys.argv[2])
+        from harness.run import phases
+        print(f"share {'ok' if e['phases'].get('training') else 'FAIL'} at a {budget}s budget: {phases.words(e['phases'])}")
 EOF
 
 # 5c. the compute-matched budget (issue 40): an H100's 300 s in this GPU's seconds, from its fingerprint
