@@ -45,6 +45,7 @@ from harness.propose import edits, searchspace
 from harness.run.runner import parse_summary  # noqa: E402
 
 TABLE = Path(__file__).resolve().parent / "lab_table.jsonl"
+TRAIN = ROOT / "train.py"   # the train.py the runs write points into (--train: the one a table was recorded with)
 PROFILE = "lab"
 # The declared space: each constant's values in the table, train.py's lab value first. Halving and doubling the
 # rates, the batch and the schedule's share, one layer less and more: the moves an LLM or a sampler makes first.
@@ -94,7 +95,7 @@ def provenance(cache=None):
                                       "print(json.dumps(dict(profile=p.profile.name, dataset=p.dataset, "
                                       "budget=prepare.time_budget(p.profile.name)[0])))"],
                                      cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout)
-    return dict(prepare_sha=sha(ROOT / "prepare.py"), train_sha=sha(ROOT / "train.py"), **meta, probe_s=probe(env))
+    return dict(prepare_sha=sha(ROOT / "prepare.py"), train_sha=sha(TRAIN), **meta, probe_s=probe(env))
 
 
 def probe(env=None):
@@ -169,7 +170,7 @@ def design(name, seeds, draws=40, rng_seed=0, held=()):
 
 def source_at(point):
     """train.py with the point's values written (the harness's searchspace.write_point and edits.apply_answer)."""
-    source = (ROOT / "train.py").read_text()
+    source = TRAIN.read_text()
     space = {k: searchspace.Param(k, "choice", choices=tuple(values)) for k, values in SPACE.items()}
     answer, _ = searchspace.write_point(source, PROFILE, space, point, "lab table")
     if "no change" in answer.splitlines()[0]:
@@ -355,7 +356,11 @@ def main(argv=None):
     p.add_argument("--limit-minutes", type=float, default=float("inf"), help="stop after this long (resume later)")
     p.add_argument("--cache", help="AUTORESEARCH_CACHE holding the lab profile's data (default: the environment's)")
     p.add_argument("--summary", action="store_true", help="only print what the table holds")
+    p.add_argument("--train", help="the train.py to write points into (default: this checkout's); to add rows to a "
+                   "table recorded with an older one: git show COMMIT:train.py > FILE")
     a = p.parse_args(argv)
+    global TRAIN
+    TRAIN = Path(a.train).resolve() if a.train else TRAIN
 
     def body():
         if a.summary:
