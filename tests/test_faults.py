@@ -692,8 +692,9 @@ def test_plain_progress_lines_come_once_per_phase(target, capsys, monkeypatch):
     training = [line for line in out.splitlines() if line.startswith("exp 1 | run 1 of 1, training")]
     assert 1 <= len(training) <= 2, training
     phases = [line.split(" | ")[1] for line in out.splitlines() if line.startswith("exp 1 | ")]
-    assert [p.split(", ")[-1].split(" ")[0] for p in phases if p.startswith("run 1 of 1, ")][:2] == ["probing",
-                                                                                                  "training"]
+    said = [p.split(", ")[-1].split(" ")[0] for p in phases if p.startswith("run 1 of 1, ")]
+    assert said[0] == "training" and "probing" in said[1:]    # its probe before: the baseline's probe after
+    assert [e.get("probe_shared") for e in events(target, "run_end") if e["n"] == 1] == [True]
     assert any(p.startswith("run 1 of 1, evaluating") for p in phases)
     s = types.SimpleNamespace(tag=types.SimpleNamespace(budget=60.0), pool=None)
     said = []

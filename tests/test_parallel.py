@@ -158,7 +158,7 @@ def test_two_cpu_workers_overlap_and_a_stale_winner_is_rerun_on_the_new_best(tar
     capsys.readouterr()
     assert report.main([str(target), "--png", str(tmp_path / "progress.png")]) == 0
     assert re.search(r"(?m)^throughput   [\d.]+ experiments/hour over \S+; device busy cpu:0 \d+%, cpu:1 \d+%; "
-                     r"proposal wait \d+ device-seconds$", capsys.readouterr().out)
+                     r"proposal wait \d+ device-seconds; wall time: training \d+%", capsys.readouterr().out)
 
 
 def test_a_finished_candidate_not_yet_recorded_counts_as_in_flight(target):

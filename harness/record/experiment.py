@@ -136,9 +136,8 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
     AUTORESEARCH_THREADS. best: sha is the best's commit, run again for experiment n at that seed (the paired rule,
     or the machine's speed changed): its artifact is not kept. device: the harness.run.pool.Device it runs on; None:
     this machine as it is. base: the best a candidate's first run was built on: its curve is held to base's, or to
-    the baseline's (cancel_watcher). The run's curve is kept beside its log (harness.judge.curves); what its summary
-    says of its device and threads is checked against the tag's fingerprint (a warning and `hardware_mismatch`:
-    harness.run.hardware). Safe to call from several threads at once. Returns the runner's Outcome."""
+    the baseline's (cancel_watcher). Its curve is kept beside its log; its summary's device and threads are checked
+    against the fingerprint (after_run). Safe to call from several threads at once. Returns the runner's Outcome."""
     # the run dir's name tells train.py nothing (which run of the pairs it is: its seed's offset would follow)
     tag, started = s.tag, time.monotonic()
     seed, run_dir = run_seed(s, n, run), tag.home / "runs" / secrets.token_hex(8)
@@ -172,18 +171,17 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
 
 
 def after_run(s, spec, outcome, best, started):
-    """The bookkeeping of a run that ended (train's): its curve kept beside its log and in the caches, its log copied
-    to <target>/run.log, a "cancel" event when its rule stopped it, its metric and probe kept by seed, its summary's
-    device and threads checked against the fingerprint (a warning), the probe's failure said once, its phases (the
-    harness's share: the seconds since `started`, monotonic, that no other phase took) counted on its device,
-    "run_end"."""
+    """The bookkeeping of a run that ended (train's): its curve kept, its log copied to <target>/run.log, a "cancel"
+    event when its rule stopped it, its metric and probe kept by seed, its summary checked against the fingerprint,
+    the probe's failure said once, its phases counted on its device (the harness's: what else passed since
+    `started`, monotonic), "run_end"."""
     n, fix, run, seed, sha, device = spec.n, spec.fix, spec.run, spec.seed, spec.commit, spec.device
     curve = curves.of_log(spec.log)
     curves.save(curve, spec.log)
     with s.lock:
         outcome.phases["harness"] = max(0.0, time.monotonic() - started - sum(outcome.phases.values()))
         if s.pool is not None and device is not None:
-            s.pool.ran(device, outcome)
+            s.pool.ran(device, outcome)    # its phases counted, its probe after kept for the next run
         if spec.log.exists():
             files.copy_record(spec.log, s.tag.target / RUN_LOG)
         if outcome.metric is not None and curve.points:      # by seed: a run redone after a kill replaces its own

@@ -143,12 +143,7 @@ def run(spec):
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
-    probing = 0.0                           # wall seconds of the probes run here
-    if spec.probe and spec.probed is None:
-        spec.on_phase("probing")
-    t0 = time.monotonic()
-    before = spec.probed or (spec.probe() if spec.probe else (None, ""))
-    probing += time.monotonic() - t0
+    before, probing = (spec.probed, 0.0) if spec.probed else probed(spec)   # probing: the probes' wall seconds
     limit = timeout_s(spec.timeout, before[0])
     spec.on_phase("training")
     try:
@@ -161,11 +156,8 @@ def run(spec):
                           log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])),
                           phases=phases.split({}, stopped.elapsed, probing))
         return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
-    if spec.probe and rc == 0:
-        spec.on_phase("probing")
-    t0 = time.monotonic()
-    after = spec.probe() if spec.probe and rc == 0 else (None, "")   # a crash or a timeout is judged without it
-    probing += time.monotonic() - t0
+    after, took = probed(spec, rc == 0)    # a crash or a timeout is judged without it
+    probing += took
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
     summary = parse_summary(read_log(spec.log))
@@ -201,6 +193,16 @@ def run(spec):
     # redacted here, at the source: the tail goes to the event, the status line and the LLM's fix prompt
     outcome.log_tail = redact("\n".join(read_log(spec.log).replace("\r", "\n").splitlines()[-LOG_TAIL_LINES:]))
     return outcome
+
+
+def probed(spec, due=True):
+    """(spec.probe()'s (seconds | None, problem), the wall seconds it took), the phase said first; ((None, ""), 0.0)
+    without a probe or when not due."""
+    if not (spec.probe and due):
+        return (None, ""), 0.0
+    spec.on_phase("probing")
+    t0 = time.monotonic()
+    return spec.probe(), time.monotonic() - t0
 
 
 def timeout_s(timeout, probe_s=None):
