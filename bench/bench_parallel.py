@@ -41,7 +41,7 @@ STRICT = ["--baseline-runs", "1", "--confirm", "0"]
 EDITS = [("lower matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.05 "),
          ("less weight decay", "WEIGHT_DECAY = 0.2 ", "WEIGHT_DECAY = 0.1 "),
          ("shorter warmdown", "WARMDOWN_RATIO = 0.5 ", "WARMDOWN_RATIO = 0.3 "),
-         ("short windows", '    WINDOW_PATTERN = "L"', '    WINDOW_PATTERN = "SL"'),
+         ("short windows", '    WINDOW_PATTERN = "L"  #', '    WINDOW_PATTERN = "SL"  #'),
          ("one layer less", "    DEPTH = 4", "    DEPTH = 3"),
          ("higher matrix LR", "    MATRIX_LR = 0.06 ", "    MATRIX_LR = 0.08 ")]
 
@@ -101,12 +101,13 @@ def per_hour(args, tmp):
         env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
         env.update(AUTORESEARCH_CACHE=str(root / "cache"), ANTHROPIC_API_KEY="bench")
         env.pop("AUTORESEARCH_TIME_BUDGET", None)
-        # warmup edits change nothing the metric reads: every idea applies to any best, every run takes S seconds
+        # warmup edits change nothing the metric reads: every idea applies to any best, every run takes S seconds;
+        # each moves WARMUP up, which the tabu would refuse after the first discard (--tabu 0: scheduling only)
         answers = [edit(f"WARMUP {v}", "WARMUP = 0.1", f"WARMUP = {v}") for v in
                    [round(0.11 + 0.01 * i, 2) for i in range(3 * args.runs)]]
         with ScriptedLLM(answers) as llm:
             found[mode] = agent(target, env, "t", "--proposer", "anthropic", "--base-url", llm.anthropic_url,
-                                "--max-experiments", str(args.runs), "--timeout", "60", *flags)
+                                "--max-experiments", str(args.runs), "--timeout", "60", "--tabu", "0", *flags)
     return found
 
 
