@@ -359,6 +359,8 @@ def main(argv=None):
     p.add_argument("--train", help="the train.py to write points into (default: this checkout's); to add rows to a "
                    "table recorded with an older one: git show COMMIT:train.py > FILE")
     a = p.parse_args(argv)
+    if a.train and not Path(a.train).is_file():
+        p.error(f"--train {a.train}: no such file (write it with: git show COMMIT:train.py > {a.train})")
     global TRAIN
     TRAIN = Path(a.train).resolve() if a.train else TRAIN
 

@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from harness import ledger
-from harness.run import hardware, matched
+from harness.run import hardware, matched, target
 from harness.tag import settings
-from tests.helpers import events, rows, run_agent
+from tests.helpers import REPO, events, rows, run_agent
 
 RTX = {"device": "cuda", "gpu": "NVIDIA GeForce RTX 4090, 24 GiB"}
 
@@ -28,6 +28,12 @@ def test_the_budget_scales_by_datasheet_peaks_or_a_measured_matmul():
         matched.scaled(300, "h100", {"device": "cpu"}, lambda: 1e11)
     with pytest.raises(matched.Unmeasurable, match="Ray"):
         matched.scaled(300, "h100", {"device": "ray"}, lambda: 1e12)
+
+
+def test_the_datasheet_is_train_pys_table():
+    """The harness's peaks are the ones train.py computes MFU with (train.py stays standalone, so it keeps its own
+    copy; main's copy must not drift from the harness's)."""
+    assert target.read_literals(REPO / "train.py")["GPU_PEAK_FLOPS"] == matched.DATASHEET
 
 
 def test_the_matmul_is_measured_on_this_cpu_and_a_failed_measurement_is_refused():

@@ -41,7 +41,7 @@ class Device:
     busy_s: float = 0.0             # seconds it spent running (training, evaluation, confirmations) this invocation
     since: float | None = None      # when the job in flight on it started (monotonic), None when it is free
     phases: dict = dataclasses.field(default_factory=dict)   # its runs' {phase: seconds} (harness.run.phases)
-    probed: tuple | None = None     # (the probe after its last run, when it ended: monotonic), for the next run
+    last_probe: tuple | None = None   # (the probe after its last run, when it ended: monotonic), for the next run
 
 
 class DeviceSource(typing.Protocol):
@@ -230,14 +230,14 @@ class Pool:
             phases.add(spent, d.phases)
             phases.add(spent, {"harness": max(0.0, d.busy_s - sum(d.phases.values())), "in flight": flight,
                                "idle": max(0.0, wall - d.busy_s - flight)})
-        shares = {k: v / (wall * len(self.devices)) for k, v in phases.rounded(spent).items()}
+        shares = {k: spent[k] / (wall * len(self.devices)) for k in phases.PHASES if spent.get(k)}
         return Throughput(3600 * (experiments - self.before) / wall, busy, self.wait_s, wall, shares)
 
     def shared_probe(self, device):
         """The probe before a run on device, already measured: the probe after its previous run, if this pool has
         one device (no other run can have changed its conditions since), that run ended at most SHARED_PROBE_S
         ago and it gave a number. Each probe after serves one run. Returns (seconds, "") or None (probe again)."""
-        found, device.probed = device.probed, None
+        found, device.last_probe = device.last_probe, None
         if found is None or len(self.devices) != 1 or found[0] is None or device.remote is not None:
             return None
         return (found[0], "") if time.monotonic() - found[1] <= SHARED_PROBE_S else None
@@ -245,7 +245,7 @@ class Pool:
     def ran(self, device, outcome):
         """A run on device ended (the worker's thread): its phases counted, its probe after kept for the next."""
         phases.add(device.phases, outcome.phases)
-        device.probed = (outcome.probe_after, time.monotonic())
+        device.last_probe = (outcome.probe_after, time.monotonic())
 
     def close(self):
         """Stop: every run in flight is killed (the runner kills its process group at its next tick), the threads

@@ -57,7 +57,7 @@ class RunSpec:
     max_wall: object = None                 # conditions.Allowance: train.py's wall time allowed (None: unchecked)
     probe: Callable | None = None           # conditions.Probe: () -> (seconds | None, problem), before and after
     probed: tuple | None = None             # the probe before, already measured: the previous run's probe after, on
-    #                                         this device with nothing run since (harness.run.pool.Device.shared_probe)
+    #                                         this device with nothing run since (harness.run.pool.Pool.shared_probe)
     evaluation: Evaluation | None = None    # None: the metric comes from train.py's own summary (legacy targets)
     on_start: Callable = lambda pgid: None  # called with the process group id once it runs
     on_tick: Callable = lambda elapsed: None  # called about once a second while it runs
@@ -143,7 +143,7 @@ def run(spec):
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
-    before, probing = (spec.probed, 0.0) if spec.probed else probed(spec)   # probing: the probes' wall seconds
+    before, probing = (spec.probed, 0.0) if spec.probed else probe_now(spec)   # probing: the probes' wall seconds
     limit = timeout_s(spec.timeout, before[0])
     spec.on_phase("training")
     try:
@@ -156,7 +156,7 @@ def run(spec):
                           log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])),
                           phases=phases.split({}, stopped.elapsed, probing))
         return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
-    after, took = probed(spec, rc == 0)    # a crash or a timeout is judged without it
+    after, took = probe_now(spec, rc == 0)    # a crash or a timeout is judged without it
     probing += took
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
@@ -195,7 +195,7 @@ def run(spec):
     return outcome
 
 
-def probed(spec, due=True):
+def probe_now(spec, due=True):
     """(spec.probe()'s (seconds | None, problem), the wall seconds it took), the phase said first; ((None, ""), 0.0)
     without a probe or when not due."""
     if not (spec.probe and due):
