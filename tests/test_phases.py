@@ -51,23 +51,30 @@ def test_the_pools_shares_add_up_to_its_wall_time():
 
 
 def test_the_probe_after_a_run_stands_for_the_next_ones_before_only_on_one_device_and_once(monkeypatch):
-    """A run's probe after serves the next run on the same device within SHARED_PROBE_S, once; never with two
-    devices (the other's run changed the conditions), when that probe failed, or when it is older."""
+    """A run's probe after serves the next run on the same device within SHARED_PROBE_S of when it was taken (not
+    of the run's end: its evaluation can be long), once; never with two devices (the other's run changed the
+    conditions), unsandboxed (a detached process can outlive its run into that probe), when that probe failed, or
+    when it is older."""
     one = Device("default", {}, 2)
     p = Pool([one], 0)
-    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25))
+    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25, probe_after_at=time.monotonic()))
     assert p.shared_probe(one) == (0.25, "")
     assert p.shared_probe(one) is None                                   # used: the next run probes itself
     p.ran(one, Outcome("c", None, 0.0, 1.0, probe_after=None))          # a crash: no probe after
     assert p.shared_probe(one) is None
-    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25))
+    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25, probe_after_at=time.monotonic()))
     now = time.monotonic()
     monkeypatch.setattr(pool.time, "monotonic", lambda: now + pool.SHARED_PROBE_S + 1)
     assert p.shared_probe(one) is None                                   # too old
     monkeypatch.undo()
+    taken = time.monotonic() - pool.SHARED_PROBE_S - 1                  # a long evaluation after the probe: too old
+    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25, probe_after_at=taken))
+    assert p.shared_probe(one) is None
+    p.ran(one, Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25, probe_after_at=time.monotonic()))
+    assert p.shared_probe(one, sandboxed=False) is None                 # a stray could have slowed it
     two = [Device("cpu:0", {}, 1), Device("cpu:1", {}, 1)]
     q = Pool(two, 0)
-    q.ran(two[0], Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25))
+    q.ran(two[0], Outcome("c", 0.9, 0.0, 1.0, probe_after=0.25, probe_after_at=time.monotonic()))
     assert q.shared_probe(two[0]) is None
     for each in (p, q):
         each.executor.shutdown()

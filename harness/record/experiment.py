@@ -157,7 +157,7 @@ def train(s, n, fix, sha, run=0, device=None, best=False, base=None):
                 run_timeout(s), tag.budget if evaluation else None, None if s.baseline_due else max_wall(s),
                 evaluation, fresh_frozen, device, tag.speed_probe,
                 cancel_watcher(s, n, run, sha, base),
-                s.pool.shared_probe(device) if tag.speed_probe and s.pool is not None and device is not None else None)
+                s.pool.shared_probe(device, s.sandbox is not None) if tag.speed_probe and s.pool and device else None)
     with s.lock:
         shutil.rmtree(run_dir, ignore_errors=True)                  # a leftover of a killed agent
         gitops.export_commit(s.repo, sha, tag.target_rel, run_dir, leave_out=evaluator_only_inside(s))

@@ -233,19 +233,21 @@ class Pool:
         shares = {k: spent[k] / (wall * len(self.devices)) for k in phases.PHASES if spent.get(k)}
         return Throughput(3600 * (experiments - self.before) / wall, busy, self.wait_s, wall, shares)
 
-    def shared_probe(self, device):
+    def shared_probe(self, device, sandboxed=True):
         """The probe before a run on device, already measured: the probe after its previous run, if this pool has
-        one device (no other run can have changed its conditions since), that run ended at most SHARED_PROBE_S
-        ago and it gave a number. Each probe after serves one run. Returns (seconds, "") or None (probe again)."""
+        one device (no other run can have changed its conditions since), that probe was taken at most SHARED_PROBE_S
+        ago (its separate evaluation included), it gave a number, and runs are sandboxed (unsandboxed, a train.py's
+        detached processes can outlive its run into its probe after, to be handed to its successor). Each probe
+        after serves one run. Returns (seconds, "") or None (probe again)."""
         found, device.last_probe = device.last_probe, None
-        if found is None or len(self.devices) != 1 or found[0] is None or device.remote is not None:
+        if found is None or len(self.devices) != 1 or found[0] is None or device.remote is not None or not sandboxed:
             return None
         return (found[0], "") if time.monotonic() - found[1] <= SHARED_PROBE_S else None
 
     def ran(self, device, outcome):
         """A run on device ended (the worker's thread): its phases counted, its probe after kept for the next."""
         phases.add(device.phases, outcome.phases)
-        device.last_probe = (outcome.probe_after, time.monotonic())
+        device.last_probe = (outcome.probe_after, outcome.probe_after_at or 0.0)
 
     def close(self):
         """Stop: every run in flight is killed (the runner kills its process group at its next tick), the threads

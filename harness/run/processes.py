@@ -141,10 +141,14 @@ def become_subreaper():
 def children():
     """The pids whose parent is this process (read from /proc; empty where there is no /proc)."""
     found, me = set(), os.getpid()
-    for entry in Path("/proc").glob("[0-9]*/stat"):
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]   # a glob raised when a process vanished
+    except OSError:
+        return found
+    for pid in pids:
         try:
-            if int(entry.read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.add(int(entry.parent.name))
+            if int(Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(pid))
         except (OSError, IndexError, ValueError):
             pass
     return found

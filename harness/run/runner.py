@@ -125,6 +125,7 @@ class Outcome:
     cancel: object = None                   # the curves.Cancel that stopped it (kind CANCELLED)
     timeout_s: float | None = None          # the training's hard limit at its speed probe (conditions.Timeout)
     probe_after: float | None = None        # the probe after the run alone (the next run's, when nothing runs between)
+    probe_after_at: float | None = None     # when it was taken (time.monotonic() on the machine that ran it)
     phases: dict = dataclasses.field(default_factory=dict)   # {phase: wall seconds} (harness.run.phases.split)
 
     def fail(self, kind, reason):
@@ -164,7 +165,8 @@ def run(spec):
     own, reported_gb, own_problem = read_metric(summary, spec.metric)
     outcome = Outcome(spec.commit, None, 0.0, seconds, "", "", rc, timed_out, tampered, own, summary=summary,
                       reported_memory_gb=reported_gb, probe_s=conditions.combine(before[0], after[0]),
-                      probe_problem=before[1] or after[1], timeout_s=limit, probe_after=after[0])
+                      probe_problem=before[1] or after[1], timeout_s=limit, probe_after=after[0],
+                      probe_after_at=time.monotonic())
     allowed = spec.max_wall.seconds(outcome.probe_s) if spec.max_wall is not None else None
     if tampered:
         outcome.fail(Kind.REJECTED, f"rejected: train.py modified {', '.join(tampered)}")
