@@ -9,6 +9,9 @@ real targets in tests/test_cheats_real.py.
 """
 
 import json
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 import socket
@@ -21,7 +24,7 @@ from agent_target import BUDGET, edit
 from llm_server import ScriptedLLM
 from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
 
-from harness.run import sandbox, view
+from harness.run import processes, sandbox, view
 
 NO_FIX = ["I cannot fix this."] * 3           # a crash is sent back for a fix: these answers give up
 BUDGET_LINE = "print(f\"time_budget_s:    {os.environ.get('AUTORESEARCH_TIME_BUDGET', '1')}\")"
@@ -270,6 +273,67 @@ def test_a_detached_daemon_dies_with_the_run_without_the_sandbox(target):
     time.sleep(2)                                     # the daemon would have written by now
     assert row[1:4] == ["1.208000", "0.0", "discard"]
     assert "forged" not in (target / "results.tsv").read_text()
+
+
+CHAIN = """
+import os, time
+from pathlib import Path
+if os.fork() == 0:
+    os.setsid()                                       # out of the run's group and session
+    Path("pgid").write_text(str(os.getpgid(0)))
+    for _ in range({generations}):                    # fork, and the parent exits: a zombie re-parented to the harness
+        if os.fork():
+            os._exit(0)
+    Path("done").touch()
+    os._exit(0)
+{leader}
+"""
+
+
+def zombie_children():
+    """The pids of this process's children that are zombies (read from /proc/PID/stat)."""
+    return {pid for pid in processes.children()
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"}
+
+
+def run_chain(tmp_path, generations, leader):
+    """processes.run_process of a train.py that starts a setsid fork chain (the hostile review's: unsandboxed, its
+    dead filled the PID table after 9 runs and the agent stopped); returns (the zombies among our children at each
+    tick that were not before, {elapsed: count}, the chain's process group). The test's process is the subreaper, as
+    agent.py is (so are other tests': an orphan of theirs may be a zombie of ours already)."""
+    if not processes.become_subreaper():
+        pytest.skip("no subreaper here")
+    before = zombie_children()
+    (tmp_path / "train.py").write_text(CHAIN.format(generations=generations, leader=leader))
+    seen = {}
+    processes.run_process([sys.executable, "train.py"], tmp_path, tmp_path / "run.log", dict(os.environ), 60,
+                          lambda pid: None, lambda elapsed: seen.__setitem__(elapsed, len(zombie_children() - before)))
+    return seen, int((tmp_path / "pgid").read_text())
+
+
+def test_a_runs_dead_are_reaped_while_it_runs(tmp_path):
+    before = processes.children()
+    seen, _ = run_chain(tmp_path, 2000, "while not os.path.exists('done'):\n    time.sleep(0.01)\n"
+                                        "done = time.monotonic()\ntime.sleep(2.5)")
+    assert (tmp_path / "done").exists()
+    print("zombies at each tick:", seen)
+    assert list(seen.values())[-1] == 0             # a tick after the chain ended reaped its 2000 dead
+    assert processes.children() - before == set()
+
+
+def test_a_fork_chain_that_outlives_its_run_is_stopped(tmp_path):
+    before = processes.children()
+    seen, pgid = run_chain(tmp_path, 10**9, "time.sleep(1)")
+    try:
+        time.sleep(0.5)                                 # a chain still forking would have new children by now
+        assert processes.children() - before == set()
+    finally:                                            # never leave it running for the rest of the suite
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in processes.children() - before:
+            os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)

@@ -2,7 +2,7 @@
 HARNESS: the processes of a run. One argv in its own process group and session, its stdout and stderr into a log
 opened under a name the run cannot read back, ticked about once a second, killed as a group on its timeout, on any
 exception (Ctrl-C, a cancel) and at its end, with every stray it detached (this process is their subreaper) found by
-the run's token and killed too; and the group a killed agent left behind, killed on the next start. It never reads
+the run's token and killed too (with its process group), their dead reaped at each tick; and the group a killed agent left behind, killed on the next start. It never reads
 what a run printed (harness.run.runner does).
 """
 
@@ -15,12 +15,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 from harness import files
 
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
-_LIVE, _LIVE_LOCK = set(), threading.Lock()   # the tokens of the runs in flight in this process
+_LIVE, _LIVE_LOCK = {}, threading.Lock()   # the runs in flight in this process: token -> its leader's pid (or 0)
 KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
+STRAYS_S = 10.0                 # how long kill_strays looks again while a run's strays keep turning up
 
 
 class Cancelled(Exception):
@@ -60,10 +62,12 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     ours = children()                       # anything else that turns up as our child afterwards is the run's
     token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
     with _LIVE_LOCK:
-        _LIVE.add(token)
+        _LIVE[token] = 0
     with open_unnamed(log_path, append) as log:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**env, RUN_TOKEN: token}, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE[token] = proc.pid             # its status is wait()'s: no scan reaps it
         try:
             on_start(proc.pid)
             while True:
@@ -73,6 +77,7 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                     killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
                     return None, time.monotonic() - t0, True
                 on_tick(elapsed)
+                reap_dead(ours, token)
                 if peak is not None:
                     peak.sample(proc.pid, f"{RUN_TOKEN}={token}".encode())
                 try:
@@ -139,54 +144,117 @@ def become_subreaper():
 
 
 def children():
-    """The pids whose parent is this process (read from /proc; empty where there is no /proc)."""
-    found, me = set(), os.getpid()
+    """The pids whose parent is this process: /proc/self/task/*/children where the kernel has it (one read per
+    thread), else a scan of /proc; empty where there is no /proc."""
+    found = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            found.update(int(pid) for pid in Path("/proc/self/task", tid, "children").read_text().split())
+        return found
+    except (OSError, ValueError):
+        found.clear()
+    me = os.getpid()
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]   # a glob raised when a process vanished
     except OSError:
         return found
     for pid in pids:
-        try:
-            if int(Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.add(int(pid))
-        except (OSError, IndexError, ValueError):
-            pass
+        stat = _stat(int(pid))
+        if stat is not None and stat.ppid == me:
+            found.add(int(pid))
     return found
 
 
-def kill_strays(ours, token):
+class Stat(NamedTuple):
+    """A process's fields from /proc/PID/stat (proc(5)): state ("Z" for a zombie), parent, process group, session."""
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+
+
+def _stat(pid):
+    """The Stat of pid, or None once it is gone (or where there is no /proc)."""
+    try:
+        fields = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
+        return Stat(fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def strays(ours, token):
+    """The run's processes among our children, {pid: Stat}: every child that was not one before the run (ours) and
+    is no run's leader in flight (Popen reads its status), known as the run's by its token, or by its session (see
+    _stray)."""
+    found = children() - ours
+    with _LIVE_LOCK:                        # read after the scan: a run's token is live before its first process
+        others = dict(_LIVE)
+    stats = {pid: _stat(pid) for pid in found - set(others.values())}
+    return {pid: stat for pid, stat in stats.items() if stat is not None and _stray(pid, stat, token, others)}
+
+
+def reap_dead(ours, token):
+    """Reap the run's zombies now (while it runs): a run that forks and exits in a loop, its dead re-parented to us
+    (become_subreaper), would fill the PID table long before its end (a hostile review: 32,447 zombies after 9
+    runs, then no process could start). Returns how many were reaped."""
+    dead = [pid for pid, stat in strays(ours, token).items() if stat.state == "Z"]
+    for pid in dead:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return len(dead)
+
+
+def kill_strays(ours, token, limit=STRAYS_S):
     """SIGKILL and reap every child of ours that was not one before the run and is the run's: a detached descendant
-    re-parented to us (become_subreaper), known by this run's token in its environment, or, having none of a run in
-    flight, by its session (a run starts a session of its own; git and whatever else this process starts meanwhile
-    share ours, and another run's processes carry that run's token). Only those pids are waited for."""
+    re-parented to us (become_subreaper), known by this run's token in its environment, or, having none (or dead),
+    by its session (a run starts a session of its own; git and whatever else this process starts meanwhile share
+    ours, and another run's processes carry that run's token). Each one's process group goes too, when it is not
+    ours: a chain that forks and exits is one group, killed at once, where killing its member of the moment would
+    miss the child it forked meanwhile. Looks again until a look finds none, for at most limit seconds. Only those
+    pids are waited for. Returns whether none was left."""
     with _LIVE_LOCK:
-        _LIVE.discard(token)
-    for _ in range(3):                      # a stray may fork while we look: look again
-        found = children() - ours
-        with _LIVE_LOCK:                    # read after the scan: a run's token is live before its first process
-            others = set(_LIVE)
-        strays = {pid for pid in found if _stray(pid, token, others)}
-        if not strays:
-            return
-        for pid in strays:
+        _LIVE.pop(token, None)
+    mine = (os.getpgid(0), os.getsid(0))
+    deadline = time.monotonic() + limit
+    while True:
+        found = strays(ours, token)
+        if not found:
+            return True
+        for pid, stat in found.items():
+            for kill, target in ((os.killpg, stat.pgrp), (os.kill, pid)):
+                if kill is os.killpg and (stat.pgrp in mine or stat.session in mine or stat.pgrp <= 1):
+                    continue
+                try:
+                    kill(target, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for pid in found:
             try:
-                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
+            except ChildProcessError:
                 pass
+        if time.monotonic() >= deadline:
+            return not strays(ours, token)
 
 
-def _stray(pid, token, others):
-    """Whether our child pid belongs to the run with this token (see kill_strays)."""
+def _stray(pid, stat, token, others):
+    """Whether our child pid (its Stat) belongs to the run with this token (see kill_strays); others: the runs in
+    flight, token -> leader. A zombie has no environment left to read: its session says, unless it is another run's
+    (a run's leader starts a session of its own)."""
     try:
         env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                    if b"=" in item)
-        theirs = env.get(RUN_TOKEN.encode(), b"").decode()
-        if theirs:
-            return theirs == token or theirs not in others
-        return os.getsid(pid) != os.getsid(0)
-    except (OSError, ValueError):
+    except ProcessLookupError:              # a zombie's environment cannot be read (ESRCH)
+        env = {}
+    except OSError:
         return False
+    theirs = env.get(RUN_TOKEN.encode(), b"").decode(errors="replace")
+    if theirs:
+        return theirs == token or theirs not in others
+    return stat.session != os.getsid(0) and stat.session not in {leader for run, leader in others.items()
+                                                                 if run != token}
 
 
 def kill_group(pgid, proc=None):
