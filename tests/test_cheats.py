@@ -336,6 +336,60 @@ def test_a_fork_chain_that_outlives_its_run_is_stopped(tmp_path):
             os.waitpid(pid, 0)
 
 
+HALF_DEAD = """
+import ctypes, os, threading, time
+if os.fork() == 0:
+    if os.fork() == 0:                                # re-parented to the harness when its parent exits
+        threading.Thread(target=time.sleep, args=(600,)).start()
+        time.sleep(0.2)
+        ctypes.CDLL(None).syscall(60, 0)              # SYS_exit of the main thread alone: /proc says Z, a thread runs
+    os._exit(0)
+os.wait()
+time.sleep(600)
+"""
+
+
+def test_a_half_dead_stray_cannot_stop_the_runs_timeout(tmp_path):
+    """A process whose main thread exited shows as a zombie while its other thread runs; a blocking wait for it
+    stopped the run's ticks, its timeout with them (the hostile review of the reaping: the run never ended)."""
+    if not processes.become_subreaper():
+        pytest.skip("no subreaper here")
+    before = processes.children()
+    (tmp_path / "train.py").write_text(HALF_DEAD)
+    t0 = time.monotonic()
+    rc, _, timed_out = processes.run_process([sys.executable, "train.py"], tmp_path, tmp_path / "run.log",
+                                             dict(os.environ), 3, lambda pid: None, lambda elapsed: None)
+    assert rc is None and timed_out and time.monotonic() - t0 < 3 + processes.KILL_GRACE_S
+    assert processes.children() - before == set()
+
+
+def test_the_harnesss_own_processes_are_no_runs_strays(tmp_path):
+    """A process the harness starts in a session of its own while a run is in flight (a mechanism's sandbox) is
+    started through processes.start: the run's reaping leaves its exit status to it, and the run's end kills
+    nothing of it (the hostile review: its crash read as rc 0, and a long one was killed)."""
+    if not processes.become_subreaper():
+        pytest.skip("no subreaper here")
+    (tmp_path / "train.py").write_text("import time\ntime.sleep(3)\n")
+    ended = {}
+    run = threading.Thread(target=lambda: ended.setdefault("run", processes.run_process(
+        [sys.executable, "train.py"], tmp_path, tmp_path / "run.log", dict(os.environ), 30, lambda pid: None,
+        lambda elapsed: None)))
+    run.start()
+    time.sleep(0.5)
+    crash, crashed = processes.start(["sh", "-c", "exit 3"], dict(os.environ))
+    slow, slowed = processes.start(["sleep", "30"], dict(os.environ))
+    try:
+        time.sleep(1.5)                                 # a tick of the run's, after the crash
+        assert crash.wait() == 3
+        run.join()
+        assert ended["run"][0] == 0 and slow.poll() is None     # alive after the run's end
+    finally:
+        slow.kill()
+        slow.wait()
+        processes.done(crashed)
+        processes.done(slowed)
+
+
 @pytest.mark.parametrize("mode", SANDBOXES)
 def test_an_earlier_tags_results_file_is_guarded_too(target, mode):
     """results.<tag>.tsv holds a finished tag's rows (moved aside when another tag started): a run cannot edit it."""

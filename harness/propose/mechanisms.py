@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from harness.propose import memory
-from harness.run import sandbox
+from harness.run import processes, sandbox
 from harness.ledger import has_metric
 from harness.run.runner import interpreter
 
@@ -199,8 +199,8 @@ def _spawn(argv, request, folder, total_s):
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     out_path, err_path = folder / "out", folder / "err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, cwd=folder,
-                                start_new_session=True)
+        # a session of its own, registered: the strays of the runs in flight meanwhile never include it
+        proc, token = processes.start(argv, env, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=folder)
         try:
             proc.communicate(request.encode(), timeout=total_s)
         except subprocess.TimeoutExpired:
@@ -211,6 +211,8 @@ def _spawn(argv, request, folder, total_s):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+        finally:
+            processes.done(token)
     return out_path.read_text(errors="replace").splitlines()
 
 

@@ -60,20 +60,15 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     or None on timeout, seconds, timed_out)."""
     t0 = time.monotonic()
     ours = children()                       # anything else that turns up as our child afterwards is the run's
-    token = uuid.uuid4().hex                # marks its processes: other runs may be in flight (several devices)
-    with _LIVE_LOCK:
-        _LIVE[token] = 0
     with open_unnamed(log_path, append) as log:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**env, RUN_TOKEN: token}, start_new_session=True)
-        with _LIVE_LOCK:
-            _LIVE[token] = proc.pid             # its status is wait()'s: no scan reaps it
+        proc, token = start(argv, env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             on_start(proc.pid)
             while True:
                 elapsed = time.monotonic() - t0
                 if elapsed >= timeout:
-                    kill_group(proc.pid, proc)
+                    kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
+                    kill_strays(ours, token)    # the token too: left live, its strays were no run's to kill
                     killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
                     return None, time.monotonic() - t0, True
                 on_tick(elapsed)
@@ -86,15 +81,34 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
                 except subprocess.TimeoutExpired:
                     pass
         except BaseException as e:
-            kill_group(proc.pid, proc)
+            kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
             kill_strays(ours, token)
             killed(log, time.monotonic() - t0, "cancelled early: its learning curve fell behind the best's"
                    if isinstance(e, Cancelled) else "the harness was interrupted (Ctrl-C or SIGTERM)")
             raise
     seconds = time.monotonic() - t0
-    kill_group(proc.pid, proc)
+    kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
     kill_strays(ours, token)
     return rc, seconds, False
+
+
+def start(argv, env, **popen):
+    """subprocess.Popen(argv, **popen) in a session of its own, env plus a new run token (which run a stray belongs
+    to: other runs may be in flight on other devices), registered as in flight (token -> its pid) in the same step:
+    no run's scan for strays ever takes it or its exit status for its own (a hostile review: a crash read as rc 0,
+    and the harness's own process killed with a run). Returns (the Popen, the token); done(token) when it is waited
+    for (run_process's kill_strays does it)."""
+    token = uuid.uuid4().hex
+    with _LIVE_LOCK:                        # a scan reads _LIVE after listing our children: it waits for this
+        proc = subprocess.Popen(argv, env={**env, RUN_TOKEN: token}, start_new_session=True, **popen)
+        _LIVE[token] = proc.pid
+    return proc, token
+
+
+def done(token):
+    """The process started with this token is waited for: no longer in flight."""
+    with _LIVE_LOCK:
+        _LIVE.pop(token, None)
 
 
 def killed(log, seconds, why):
@@ -198,12 +212,16 @@ def reap_dead(ours, token):
     (become_subreaper), would fill the PID table long before its end (a hostile review: 32,447 zombies after 9
     runs, then no process could start). Returns how many were reaped."""
     dead = [pid for pid, stat in strays(ours, token).items() if stat.state == "Z"]
-    for pid in dead:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    return len(dead)
+    return sum(_reap(pid) for pid in dead)
+
+
+def _reap(pid):
+    """waitpid(pid) without blocking (a process whose main thread exited shows as a zombie while its other threads
+    run: a blocking wait would stop the run's ticks, its timeout included). Returns whether it was reaped."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False
 
 
 def kill_strays(ours, token, limit=STRAYS_S):
@@ -214,8 +232,7 @@ def kill_strays(ours, token, limit=STRAYS_S):
     ours: a chain that forks and exits is one group, killed at once, where killing its member of the moment would
     miss the child it forked meanwhile. Looks again until a look finds none, for at most limit seconds. Only those
     pids are waited for. Returns whether none was left."""
-    with _LIVE_LOCK:
-        _LIVE.pop(token, None)
+    done(token)
     mine = (os.getpgid(0), os.getsid(0))
     deadline = time.monotonic() + limit
     while True:
@@ -223,20 +240,41 @@ def kill_strays(ours, token, limit=STRAYS_S):
         if not found:
             return True
         for pid, stat in found.items():
-            for kill, target in ((os.killpg, stat.pgrp), (os.kill, pid)):
-                if kill is os.killpg and (stat.pgrp in mine or stat.session in mine or stat.pgrp <= 1):
-                    continue
-                try:
-                    kill(target, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for pid in found:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            if stat.pgrp not in mine and stat.session not in mine and stat.pgrp > 1:
+                _signal(os.killpg, stat.pgrp)
+            for each in _descendants(pid):      # a chain whose every level stays alive in a session of its own
+                _signal(os.kill, each)
+        if not sum(_reap(pid) for pid in found):
+            time.sleep(0.01)                    # killed, not dead yet: look again
         if time.monotonic() >= deadline:
             return not strays(ours, token)
+
+
+def _signal(kill, target, sig=signal.SIGKILL):
+    """kill(target, sig), quiet when the target is gone or not ours to signal; returns whether it was sent."""
+    try:
+        kill(target, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _descendants(pid, most=100_000):
+    """pid and its descendants (read from /proc/PID/task/*/children), each stopped (SIGSTOP) before its children are
+    read so that none forks while the tree is walked (a hostile review: a chain of 6,000 live levels, one level
+    killed per look, outlived the run)."""
+    found, todo = [], [pid]
+    while todo and len(found) < most:
+        each = todo.pop()
+        if not _signal(os.kill, each, signal.SIGSTOP):
+            continue
+        found.append(each)
+        try:
+            for task in os.listdir(f"/proc/{each}/task"):
+                todo.extend(int(child) for child in Path(f"/proc/{each}/task/{task}/children").read_text().split())
+        except (OSError, ValueError):
+            pass
+    return found
 
 
 def _stray(pid, stat, token, others):
@@ -246,7 +284,7 @@ def _stray(pid, stat, token, others):
     try:
         env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                    if b"=" in item)
-    except ProcessLookupError:              # a zombie's environment cannot be read (ESRCH)
+    except (ProcessLookupError, PermissionError):   # a zombie's (ESRCH); a non-dumpable one's, unless we are root
         env = {}
     except OSError:
         return False
@@ -257,8 +295,10 @@ def _stray(pid, stat, token, others):
                                                                  if run != token}
 
 
-def kill_group(pgid, proc=None):
-    """SIGTERM the process group, SIGKILL it after KILL_GRACE_S, and wait (up to the grace) until it is gone."""
+def kill_group(pgid, proc=None, reap=None):
+    """SIGTERM the process group, SIGKILL it after KILL_GRACE_S, and wait (up to the grace) until it is gone. A dead
+    member that is our child stays a member until reaped: proc (the leader) is polled, and reap() reaps the others
+    (a run's descendant re-parented to us: else each end of such a run waited out both graces, 10 s)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
@@ -268,6 +308,8 @@ def kill_group(pgid, proc=None):
         while time.monotonic() < deadline:
             if proc is not None:
                 proc.poll()                  # reap the leader, else it stays a zombie member of the group
+            if reap is not None:
+                reap()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
