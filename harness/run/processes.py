@@ -20,7 +20,7 @@ from typing import NamedTuple
 from harness import files
 
 RUN_TOKEN = "AUTORESEARCH_RUN_TOKEN"    # in the environment of a run's processes: which run a stray belongs to
-_LIVE, _LIVE_LOCK = {}, threading.Lock()   # the runs in flight in this process: token -> its leader's pid (or 0)
+_LIVE, _LIVE_LOCK = {}, threading.Lock()   # the runs in flight in this process: token -> its leader's pid (start)
 KILL_GRACE_S = 5.0              # SIGTERM -> SIGKILL grace for the training process group
 STRAYS_S = 10.0                 # how long kill_strays looks again while a run's strays keep turning up
 
@@ -201,18 +201,21 @@ def strays(ours, token):
     is no run's leader in flight (Popen reads its status), known as the run's by its token, or by its session (see
     _stray)."""
     found = children() - ours
-    with _LIVE_LOCK:                        # read after the scan: a run's token is live before its first process
+    with _LIVE_LOCK:                        # read after the scan: start() registers a process with its Popen
         others = dict(_LIVE)
+    sessions = {leader for run, leader in others.items() if run != token} | {os.getsid(0)}   # not the run's
     stats = {pid: _stat(pid) for pid in found - set(others.values())}
-    return {pid: stat for pid, stat in stats.items() if stat is not None and _stray(pid, stat, token, others)}
+    return {pid: stat for pid, stat in stats.items()
+            if stat is not None and _stray(pid, stat.session not in sessions, token, others)}
 
 
 def reap_dead(ours, token):
     """Reap the run's zombies now (while it runs): a run that forks and exits in a loop, its dead re-parented to us
     (become_subreaper), would fill the PID table long before its end (a hostile review: 32,447 zombies after 9
-    runs, then no process could start). Returns how many were reaped."""
-    dead = [pid for pid, stat in strays(ours, token).items() if stat.state == "Z"]
-    return sum(_reap(pid) for pid in dead)
+    runs, then no process could start)."""
+    for pid, stat in strays(ours, token).items():
+        if stat.state == "Z":
+            _reap(pid)
 
 
 def _reap(pid):
@@ -277,10 +280,10 @@ def _descendants(pid, most=100_000):
     return found
 
 
-def _stray(pid, stat, token, others):
-    """Whether our child pid (its Stat) belongs to the run with this token (see kill_strays); others: the runs in
-    flight, token -> leader. A zombie has no environment left to read: its session says, unless it is another run's
-    (a run's leader starts a session of its own)."""
+def _stray(pid, by_session, token, others):
+    """Whether our child pid belongs to the run with this token (see kill_strays); others: the runs in flight, token
+    -> leader; by_session: whether its session is neither ours nor another run's (a run's leader starts a session
+    of its own), which says for a process without a token, or whose environment cannot be read (a zombie's)."""
     try:
         env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                    if b"=" in item)
@@ -291,8 +294,7 @@ def _stray(pid, stat, token, others):
     theirs = env.get(RUN_TOKEN.encode(), b"").decode(errors="replace")
     if theirs:
         return theirs == token or theirs not in others
-    return stat.session != os.getsid(0) and stat.session not in {leader for run, leader in others.items()
-                                                                 if run != token}
+    return by_session
 
 
 def kill_group(pgid, proc=None, reap=None):
