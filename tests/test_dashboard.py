@@ -178,6 +178,27 @@ def test_write_is_atomic_and_a_failure_keeps_the_old_page(tmp_path, monkeypatch)
     assert page.read_text() == "new" and not list(target.glob(".dashboard.html.*"))
 
 
+def test_the_plot_is_drawn_again_only_when_what_it_shows_changed(tmp_path, monkeypatch):
+    """The page at the loop's stop shows the verdict's plot: one draw, the same bytes; a new row draws again."""
+    from harness.record import plots
+    target, drawn = planted_run(tmp_path), []
+    draw = plots.plot_progress
+    monkeypatch.setattr(plots, "plot_progress", lambda rows, *a, **k: drawn.append(len(rows)) or draw(rows, *a, **k))
+    monkeypatch.setattr(dashboard, "_DRAWN", [None, None])
+    page = target / dashboard.PAGE
+
+    def image():
+        return re.search(r'id="progress" alt="progress plot" src="data:image/png;base64,([^"]+)"', page.read_text()).group(1)
+    dashboard.write(report.load_run(target), page, live=True)
+    first = image()
+    dashboard.write(report.load_run(target), page, live=False)
+    assert drawn == [4] and image() == first
+    with open(target / "results.tsv", "a") as f:
+        f.write("abcdef1\t0.970000\t1.0\tkeep\ta fifth row\n")
+    dashboard.write(report.load_run(target), page)
+    assert drawn == [4, 5] and image() != first
+
+
 def test_json_in_the_page_cannot_close_its_script_element():
     raw = dashboard.json_for_script({"x": "</script><script>alert(1)</script>\u2028&"})
     assert "<" not in raw and ">" not in raw and "&" not in raw and "\u2028" not in raw

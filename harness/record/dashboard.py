@@ -316,16 +316,31 @@ def write(run, path, live=False, stale_s=3600.0):
     data = gather(run, live=live, stale_s=stale_s)
     rows = [r for r in run.rows if not analysis.is_smoke(r)] or run.rows
     epochs = analysis.epochs_of(run, rows)                # the plot, as the summary: the latest hardware's rows
-    buf = io.BytesIO()
     try:
-        from harness.record import plots  # matplotlib, loaded when a page is drawn
-        rule = analysis.rule_of(run) if run.events else None
-        plots.plot_progress(epochs[-1].rows, run.metric_name, run.goal, buf, rule=rule,
-                            title=run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
+        png = progress_png(epochs[-1].rows, run.metric_name, run.goal, analysis.rule_of(run) if run.events else None,
+                           run.title + (f" (hardware {epochs[-1].number})" if len(epochs) > 1 else ""))
     except Exception as e:  # noqa: BLE001  (numbers matplotlib cannot draw: the page without its plot)
         data["lines"].append(text(f"progress plot not drawn ({type(e).__name__}: {str(e)[:200]})"))
-        buf = None
-    return write_atomic(path, render(data, buf.getvalue() if buf else None))
+        png = None
+    return write_atomic(path, render(data, png))
+
+
+_DRAWN = [None, None]   # the last plot this process drew: [what it shows, its PNG bytes], replaced in one step
+
+
+def progress_png(rows, metric_name, goal, rule, title):
+    """The progress plot's PNG bytes (plots.plot_progress of these arguments), drawn again only when what it shows
+    changed: the page written at the loop's stop shows the same plot as the last verdict's, and a draw is about 0.15 s
+    of matplotlib on one core, which a test suite of short loops paid about a thousand times."""
+    key = repr((rows, metric_name, goal, rule, title))      # dataclasses: their repr holds every field
+    drawn_key, png = _DRAWN
+    if drawn_key != key:
+        from harness.record import plots  # matplotlib, loaded when a page is drawn
+        buf = io.BytesIO()
+        plots.plot_progress(rows, metric_name, goal, buf, rule=rule, title=title)
+        png = buf.getvalue()
+        _DRAWN[:] = [key, png]
+    return png
 
 
 def refresh(s, live=True, timeout_s=1800.0):

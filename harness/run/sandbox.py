@@ -224,8 +224,9 @@ def _mounts(run_dir, expose, hide):
     credentials hidden, run_dir (resolved, or None) writable; the later kind wins for one path."""
     mounts, links = {}, {}
     hidden = [Path(p).resolve() for p in (*hide, *view.credential_paths())]
+    known = view.homes()
     # a foreign tree first, so that what the target declares inside it (its own data cache) is readable again
-    for kind, paths in (("hide", view.foreign_trees()), ("ro", [*view.environment(), *expose]), ("hide", hidden),
+    for kind, paths in (("hide", view.foreign_trees()), ("ro", [*view.environment(known), *expose]), ("hide", hidden),
                         ("rw", [run_dir] if run_dir else [])):
         for given in paths:
             path = Path(given).resolve()
@@ -234,7 +235,7 @@ def _mounts(run_dir, expose, hide):
                 continue                             # /usr/local/cuda, LD_LIBRARY_PATH in /usr, CUDA_HOME=/usr,
                 #                                      a venv of the system's Python (prefix /usr): there already
             named = Path(os.path.abspath(Path(given).expanduser()))
-            for part in view.narrow(path) if kind == "ro" else [path]:     # never a home directory whole
+            for part in view.narrow(path, known=known) if kind == "ro" else [path]:     # never a home directory whole
                 mounts[part] = kind                  # the later kind wins: hidden over readable, the run dir over all
                 if kind == "ro" and named != path and not view.in_system(named):
                     links[named / part.relative_to(path)] = part

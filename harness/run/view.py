@@ -44,12 +44,13 @@ def credential_paths():
     return [p for p in (Path(c).expanduser() for c in CREDENTIALS) if p.exists()]
 
 
-def environment():
+def environment(known=None):
     """The Python environment a run needs, read-only: the prefixes of this interpreter and of its base (a venv's
     python is a link to it), their standard library and site-packages and the targets of links at their top level (a
     uv cache in symlink mode), existing LD_LIBRARY_PATH and CUDA_HOME folders, each narrowed to what its role needs
-    where it holds a home directory or lies in one (narrow). A list of Paths. No model of the Hugging Face cache: a
-    target declares the ones it reads."""
+    where it holds a home directory or lies in one (narrow; known: homes(), when the caller has read them). A list of
+    Paths. No model of the Hugging Face cache: a target declares the ones it reads."""
+    known = homes() if known is None else known
     import site
     import sysconfig
     folders = {*site.getsitepackages(), sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
@@ -65,7 +66,7 @@ def environment():
     roles += [(p, (), True) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")]
     roles += [(os.environ.get("CUDA_HOME", ""), CUDA, True)]
     found = {part for p, needed, inside in roles if os.path.isabs(p) and Path(p).exists()
-             for part in narrow(Path(p), needed, inside)}
+             for part in narrow(Path(p), needed, inside, known)}
     return sorted(found)
 
 
@@ -81,16 +82,17 @@ def homes():
     except OSError:
         pass
     system = [root for root, link in system_view() if link is None] + [Path(p) for p in ("/dev", "/proc", "/sys")]
-    return sorted({p.resolve() for p in found if p.is_dir() and not any(r.is_relative_to(p.resolve()) or
-                                                                        p.resolve() == r for r in system)})
+    real = {p.resolve() for p in found if p.is_dir()}
+    return sorted(h for h in real if not any(r.is_relative_to(h) for r in system))
 
 
-def narrow(path, needed=NEEDED, inside=False):
+def narrow(path, needed=NEEDED, inside=False, known=None):
     """What of folder `path` is bound when it holds a home directory (it is one, or one lies inside it) or, with
     inside, lies in one: its `needed` parts and the shared libraries right in it (what the dynamic linker reads from
-    an LD_LIBRARY_PATH folder; a link only to another shared library), never the rest; [path] otherwise."""
-    real = path.resolve()
-    if not any(home.is_relative_to(real) or inside and real.is_relative_to(home) for home in homes()):
+    an LD_LIBRARY_PATH folder; a link only to another shared library), never the rest; [path] otherwise. known: the
+    homes() of the caller's one reading (a view reads them once: about 10 ms a reading, dozens of folders a view)."""
+    real, known = path.resolve(), homes() if known is None else known
+    if not any(home.is_relative_to(real) or inside and real.is_relative_to(home) for home in known):
         return [path]
     try:
         return sorted(e for e in path.iterdir() if e.name in needed or SHARED_LIBRARY.search(e.name) and e.is_file()
