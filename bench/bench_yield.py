@@ -332,6 +332,7 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
             params={n: SEARCH_SPACE[n].internal(base[n]) for n in arm.names}, distributions=dist,
             value=best["metric"]))
     measured = {key(base): best["metric"]}
+    infeasible = False
     pooled = []
     trace = [(spent[0] / 3600, world.truth(base), 0)]
     n = 0
@@ -399,6 +400,8 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
         failure = search.failure_of(event, memory.Change(families=tuple(arm.names))) if arm.feasible else None
         if trial is not None:
             search.finish(study, trial, *search.outcome_of(event, failure), failure)
+            if failure and not infeasible and arm.proposer == "tpe":    # as the harness asks: wider from now on
+                infeasible, study.sampler = True, search.sampler_for(arm.proposer, c, infeasible=True)
         stats["crashed"] += v.status == "crash"
         measured[key(point)] = "crash" if v.status == "crash" else v.metric   # None: cancelled (a discard, measured)
         if v.status == "keep":

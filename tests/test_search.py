@@ -188,7 +188,8 @@ def centaur(name, told, overrides, n=40):
             study.add_trial(search.added(*search.outcome_of(crash, failure), failure, {"DEPTH": 16, "LR": 0.05}, dist,
                                          {"n": i, "by": "llm override"}))
             continue
-        study.sampler = search.sampler_for(name, random.Random(f"{name}:{i}").randrange(2**31))
+        study.sampler = search.sampler_for(name, random.Random(f"{name}:{i}").randrange(2**31),
+                                           search.holds_infeasible(study.trials))     # as search.ask makes it
         trial = study.ask(dist)
         own.append(trial.params["DEPTH"] > 12)
         event = crash if own[-1] else dict(n=i, status="discard", metric=value(trial.params), kind="ok")
@@ -405,10 +406,15 @@ def test_hybrid_code_edit_after_a_stall_and_report_shows_who_proposed(target):
     assert "llm code 1 (" in report
 
 
-def test_overrides_that_keep_failing_are_infeasible_trials_shown_to_the_llm_and_rebuilt_alike(target, capsys):
+def test_overrides_that_keep_failing_are_infeasible_trials_shown_to_the_llm_and_rebuilt_alike(target, capsys,
+                                                                                                  monkeypatch):
     """The hybrid with an LLM whose overrides keep crashing (DEPTH 16: out of memory above 12): each is recorded
     (by "llm override", kind crash), told to the study as an infeasible trial (pruned, constraint violated), shown
-    to the LLM as a failure of its point; a study rebuilt from the events holds the same trials."""
+    to the LLM as a failure of its point; a study rebuilt from the events holds the same trials. TPE draws its wider
+    set of candidates from the first infeasible trial on."""
+    wide, sampler_for = [], search.sampler_for
+    monkeypatch.setattr(search, "sampler_for", lambda name, seed, infeasible=False: wide.append(infeasible) or
+                        sampler_for(name, seed, infeasible))
     train = target / "train.py"
     train.write_text(train.read_text().replace("SLEEP = 0.0\n", "SLEEP = 0.0\nif DEPTH > 12:\n    raise MemoryError("
                                                "'CUDA out of memory: DEPTH > 12')\n"))
@@ -418,6 +424,7 @@ def test_overrides_that_keep_failing_are_infeasible_trials_shown_to_the_llm_and_
     assert rc == 0
     overrides = [e for e in events(target, "experiment") if e.get("by") == "llm override"]
     assert len(overrides) >= 2 and {(e["status"], e["kind"]) for e in overrides} == {("crash", "crash")}
+    assert wide[0] is False and wide[-1] is True and wide == sorted(wide)
     found = assert_study_matches(target)
     trials = {t.user_attrs["n"]: t for t in study_of(target).trials if "n" in t.user_attrs}
     assert all(trials[e["n"]].user_attrs[search.INFEASIBLE] == "crash" and trials[e["n"]].constraints ==
