@@ -250,6 +250,15 @@ ARMS = {a.name: a for a in (
 DEFAULT_ARMS = ("tpe", "random", "cmaes", "grid", "grid-nocancel", "plain", "tpe6", "tpe6-nocancel")
 
 
+def arm_sampler(arm, seed, infeasible=False):
+    """search.sampler_for(arm.proposer, seed, infeasible) with TPE's start-up at arm.startup."""
+    old, search.TPE_STARTUP = search.TPE_STARTUP, arm.startup
+    try:
+        return search.sampler_for(arm.proposer, seed, infeasible)
+    finally:
+        search.TPE_STARTUP = old
+
+
 _SOURCES = {}
 
 
@@ -322,11 +331,7 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
     best["metric"] = statistics.fmean(values)
     study = None
     if arm.proposer in search.SAMPLERS:
-        old, search.TPE_STARTUP = search.TPE_STARTUP, arm.startup
-        try:
-            study = optuna.create_study(direction="minimize", sampler=search.sampler_for(arm.proposer, c))
-        finally:
-            search.TPE_STARTUP = old
+        study = optuna.create_study(direction="minimize", sampler=arm_sampler(arm, c))
         dist = {n: SEARCH_SPACE[n].distribution() for n in arm.names}
         study.add_trial(optuna.trial.create_trial(
             params={n: SEARCH_SPACE[n].internal(base[n]) for n in arm.names}, distributions=dist,
@@ -400,8 +405,9 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
         failure = search.failure_of(event, memory.Change(families=tuple(arm.names))) if arm.feasible else None
         if trial is not None:
             search.finish(study, trial, *search.outcome_of(event, failure), failure)
-            if failure and not infeasible and arm.proposer == "tpe":    # as the harness asks: wider from now on
-                infeasible, study.sampler = True, search.sampler_for(arm.proposer, c, infeasible=True)
+            if failure and not infeasible and arm.proposer == "tpe":    # as the harness asks: wider from now on,
+                infeasible = True                                       # drawn afresh (not campaign c's first draws)
+                study.sampler = arm_sampler(arm, random.Random(f"{c}:{n}").randrange(2**31), infeasible)
         stats["crashed"] += v.status == "crash"
         measured[key(point)] = "crash" if v.status == "crash" else v.metric   # None: cancelled (a discard, measured)
         if v.status == "keep":
