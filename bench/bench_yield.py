@@ -337,7 +337,6 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
             params={n: SEARCH_SPACE[n].internal(base[n]) for n in arm.names}, distributions=dist,
             value=best["metric"]))
     measured = {key(base): best["metric"]}
-    infeasible = False
     pooled = []
     trace = [(spent[0] / 3600, world.truth(base), 0)]
     n = 0
@@ -404,10 +403,12 @@ def campaign(arm, world, c, hours=HOURS, max_experiments=None):
                      cancelled=first.kind is Kind.CANCELLED or None)
         failure = search.failure_of(event, memory.Change(families=tuple(arm.names))) if arm.feasible else None
         if trial is not None:
+            wide = search.holds_infeasible(study.get_trials(deepcopy=False))
             search.finish(study, trial, *search.outcome_of(event, failure), failure)
-            if failure and not infeasible and arm.proposer == "tpe":    # as the harness asks: wider from now on,
-                infeasible = True                                       # drawn afresh (not campaign c's first draws)
-                study.sampler = arm_sampler(arm, random.Random(f"{c}:{n}").randrange(2**31), infeasible)
+            if arm.proposer == "tpe" and not wide and search.holds_infeasible([trial]):
+                # the harness's ask(): TPE draws wider from the first infeasible trial on (a sampler seeded afresh,
+                # not with campaign c's first draws)
+                study.sampler = arm_sampler(arm, random.Random(f"{c}:{n}").randrange(2**31), True)
         stats["crashed"] += v.status == "crash"
         measured[key(point)] = "crash" if v.status == "crash" else v.metric   # None: cancelled (a discard, measured)
         if v.status == "keep":
