@@ -7,6 +7,7 @@ SIGKILL mid-wave and resume), and --ray on a local Ray instance (a lost worker r
 import datetime
 import os
 import pickle
+import queue
 import re
 import shutil
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -498,3 +500,39 @@ def test_settings_hold_no_device_and_a_scheduler_is_one_device_source():
         assert [d.name for d in devices] == ["slurm:0"] and source.calls == ["acquire"]
         raise RuntimeError("the loop stopped")
     assert source.calls == ["acquire", "release"]
+
+
+def test_a_ctrl_c_just_after_a_finished_job_left_the_queue_still_lets_the_pool_close():
+    """bench_faults once saw agent.py hang for good after a Ctrl-C to its process group (1 of 31 stops, no output):
+    the signal reached a worker's thread, the main thread ran its handler only when a job's put woke it, after
+    Queue.get had taken the job off the queue, and close() then waited on the queue for a job that had ended. close()
+    waits for the threads: it returns once the job still training has ended, and the pool holds nothing running."""
+    class InterruptedAfterGet(queue.Queue):
+        interrupts = 1
+
+        def get(self, *args, **kwargs):
+            item = super().get(*args, **kwargs)
+            if self.interrupts:
+                self.interrupts -= 1
+                raise KeyboardInterrupt
+            return item
+
+    p = pool.Pool([pool.Device("cpu:0", {}, 1), pool.Device("cpu:1", {}, 1)], 0)
+    p.finished = InterruptedAfterGet()
+    ended = threading.Event()
+
+    def job(device, seconds):
+        time.sleep(seconds)
+        if seconds:
+            ended.set()
+        return device.name
+
+    p.submit(job, 0.0)
+    p.submit(job, 1.0)                  # still training when the Ctrl-C lands
+    with pytest.raises(KeyboardInterrupt):
+        p.done()
+    closer = threading.Thread(target=p.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive() and ended.is_set()
+    assert p.running == {} and sorted(d.name for d in p.free) == ["cpu:0", "cpu:1"]

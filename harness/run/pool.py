@@ -163,7 +163,9 @@ class Pool:
     """Worker threads, one per device: submit(fn, job) runs fn(device, job) on a free device; done() waits for the
     next to finish. The caller (agent.py's loop, the main thread) alone decides what runs and records verdicts.
     Finished jobs come back through a queue: the main thread only ever waits in Queue.get, which a Ctrl-C interrupts
-    cleanly (concurrent.futures.wait can be left holding half its locks)."""
+    cleanly (concurrent.futures.wait can be left holding half its locks). A Ctrl-C can also land just after get took
+    a job off the queue (the signal is often delivered to a worker's thread, and the main thread runs its handler
+    only once the put wakes it): close() therefore waits for the threads, never for the queue."""
 
     def __init__(self, devices, experiments_before):
         self.devices = list(devices)
@@ -256,11 +258,9 @@ class Pool:
         main = threading.current_thread() is threading.main_thread()
         handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
-            while self.running:
-                key, _, _ = self.finished.get()
-                device, _ = self.running.pop(key)
-                self.free.append(device)
-            self.executor.shutdown(wait=True)
+            self.executor.shutdown(wait=True)     # every job has ended, whether or not done() took it off the queue
+            self.free.extend(device for device, _ in self.running.values())
+            self.running.clear()
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
