@@ -163,9 +163,9 @@ class Pool:
     """Worker threads, one per device: submit(fn, job) runs fn(device, job) on a free device; done() waits for the
     next to finish. The caller (agent.py's loop, the main thread) alone decides what runs and records verdicts.
     Finished jobs come back through a queue: the main thread only ever waits in Queue.get, which a Ctrl-C interrupts
-    cleanly (concurrent.futures.wait can be left holding half its locks). A Ctrl-C can also land just after get took
-    a job off the queue (the signal is often delivered to a worker's thread, and the main thread runs its handler
-    only once the put wakes it): close() therefore waits for the threads, never for the queue."""
+    cleanly (concurrent.futures.wait can be left holding half its locks). A Ctrl-C can also be handled just after get took
+    a job off the queue (the put wakes the main thread, which runs a pending handler at its next check): close()
+    therefore waits for the threads, never on the queue."""
 
     def __init__(self, devices, experiments_before):
         self.devices = list(devices)
