@@ -8,6 +8,8 @@ payload there and the result back: `python -m harness.run.node PAYLOAD RESULT` r
 that starts a process.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from harness.schema import Event
 from harness.run.target import FROZEN
 
 ARTIFACT_BACK_BYTES = 1 << 30   # a model artifact up to this size comes back to the driver (report.py --holdout)
+SCRATCH_PREFIX, OWNER = "autoresearch-ray-", ".owner"   # a run's scratch directory on a node, and its lock file
 
 
 def payload(spec, context):
@@ -83,46 +86,85 @@ def run(payload):
     """On the node (a Ray worker, a child process): one run of a candidate, as experiment.train does it on the
     driver's machine (runner.run with the sandbox and the separate evaluation), in a scratch directory removed
     afterwards. Returns {"outcome", "log" (bytes), "node", "artifact_sha256", "artifact"}."""
-    work = Path(tempfile.mkdtemp(prefix="autoresearch-ray-"))
+    with scratch() as work:
+        return run_in(payload, work)
+
+
+def run_in(payload, work):
+    """run's body in the scratch directory work."""
     run_dir, frozen, log, node_log = work / "run", work / "frozen", work / "run.log", work / "node.log"
+    write_tree(payload["files"], run_dir)
+    write_tree(payload["frozen"], frozen)
+    problem, inputs = ready(frozen, payload, node_log)   # its output leads the run's log
+    if problem:
+        return no_run(problem, node_log)
+    ev = payload["evaluation"]
+    artifact = run_dir / (ev or {}).get("artifact", "artifact")
+    env = dict(payload["env"])
+    sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
+    wrap, eval_wrap = wraps(sandboxed, run_dir, frozen, artifact, inputs, payload)
+    if sandboxed:
+        env.update(sandbox.scratch_env())
+    elif payload["sandbox"] == "bwrap":
+        return no_run((Kind.NODE, f"node: --sandbox bwrap, but bubblewrap does not work on node "
+                                  f"{socket.gethostname()}"), node_log)
+    env["AUTORESEARCH_ARTIFACT"] = str(artifact)
+    evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
+                                          tolerance=ev["tolerance"], own_required=not sandboxed,
+                                          wrap=eval_wrap, timeout=ev.get("timeout"))
+    spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
+                          frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
+                          max_wall=payload["max_wall"], evaluation=evaluation, cancel=payload.get("cancel"),
+                          probe=conditions.Probe(runner.interpreter(), frozen, eval_wrap, {**clean_env(), **env})
+                          if payload["probe"] else None)
+    outcome = runner.run(spec)
+    digest, back = None, None
+    if runner.artifact_problem(artifact) is None:   # regular files only (a file, or GRPO's folder of weights):
+        #                                             a link or a FIFO left in its place is never read
+        files = read_tree(run_dir) if artifact.is_dir() else {artifact.name: artifact.read_bytes()}
+        files = {rel: data for rel, data in files.items() if Path(rel).parts[0] == artifact.name}
+        digest = hashlib.sha256(artifact.read_bytes() if artifact.is_file() else   # a folder: its paths and bytes
+                                b"".join(rel.encode() + data for rel, data in sorted(files.items()))).hexdigest()
+        back = files if sum(map(len, files.values())) <= ARTIFACT_BACK_BYTES else None
+    return {"outcome": outcome, "log": node_log.read_bytes() + log.read_bytes(), "node": socket.gethostname(),
+            "artifact_sha256": digest, "artifact": back}
+
+
+@contextlib.contextmanager
+def scratch(folder=None):
+    """A fresh directory for one run on this node (in folder, default the temporary directory), held while the run
+    lasts (an flock on its OWNER file, released by the kernel however the process ends) and removed afterwards. First
+    removes those a run left when its process died before it could (kill -9, a lost Ray worker: an artifact and two
+    copies of the target each): the ones whose lock is free. Yields its Path."""
+    folder = Path(folder or tempfile.gettempdir())
+    sweep(folder)
+    work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=folder))
+    owner = os.open(work / OWNER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        write_tree(payload["files"], run_dir)
-        write_tree(payload["frozen"], frozen)
-        problem, inputs = ready(frozen, payload, node_log)   # its output leads the run's log
-        if problem:
-            return no_run(problem, node_log)
-        ev = payload["evaluation"]
-        artifact = run_dir / (ev or {}).get("artifact", "artifact")
-        env = dict(payload["env"])
-        sandboxed = payload["sandbox"] != "off" and sandbox.probe() is None
-        wrap, eval_wrap = wraps(sandboxed, run_dir, frozen, artifact, inputs, payload)
-        if sandboxed:
-            env.update(sandbox.scratch_env())
-        elif payload["sandbox"] == "bwrap":
-            return no_run((Kind.NODE, f"node: --sandbox bwrap, but bubblewrap does not work on node "
-                                      f"{socket.gethostname()}"), node_log)
-        env["AUTORESEARCH_ARTIFACT"] = str(artifact)
-        evaluation = ev and runner.Evaluation(prepare_dir=frozen, artifact=artifact, digest=ev["digest"],
-                                              tolerance=ev["tolerance"], own_required=not sandboxed,
-                                              wrap=eval_wrap, timeout=ev.get("timeout"))
-        spec = runner.RunSpec(commit="", cwd=run_dir, log=log, metric=payload["metric"], timeout=payload["timeout"],
-                              frozen=FROZEN, env=env, wrap=wrap, budget=payload["budget"],
-                              max_wall=payload["max_wall"], evaluation=evaluation, cancel=payload.get("cancel"),
-                              probe=conditions.Probe(runner.interpreter(), frozen, eval_wrap, {**clean_env(), **env})
-                              if payload["probe"] else None)
-        outcome = runner.run(spec)
-        digest, back = None, None
-        if runner.artifact_problem(artifact) is None:   # regular files only (a file, or GRPO's folder of weights):
-            #                                             a link or a FIFO left in its place is never read
-            files = read_tree(run_dir) if artifact.is_dir() else {artifact.name: artifact.read_bytes()}
-            files = {rel: data for rel, data in files.items() if Path(rel).parts[0] == artifact.name}
-            digest = hashlib.sha256(artifact.read_bytes() if artifact.is_file() else   # a folder: its paths and bytes
-                                    b"".join(rel.encode() + data for rel, data in sorted(files.items()))).hexdigest()
-            back = files if sum(map(len, files.values())) <= ARTIFACT_BACK_BYTES else None
-        return {"outcome": outcome, "log": node_log.read_bytes() + log.read_bytes(), "node": socket.gethostname(),
-                "artifact_sha256": digest, "artifact": back}
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(owner)
+
+
+def sweep(folder):
+    """Remove each run's scratch directory in folder whose owner is gone: a directory of this user (not a link) whose
+    OWNER file's lock is free. One without an OWNER file (being made, or an older version's) is left alone."""
+    for work in Path(folder).glob(SCRATCH_PREFIX + "*"):
+        try:
+            if work.is_symlink() or not work.is_dir() or work.stat().st_uid != os.getuid():
+                continue
+            owner = os.open(work / OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(work, ignore_errors=True)
+        except OSError:                     # held: its run is still going
+            pass
+        finally:
+            os.close(owner)
 
 
 def no_run(problem, log):
