@@ -139,9 +139,10 @@ def scratch(folder=None):
     folder = Path(folder or tempfile.gettempdir())
     sweep(folder)
     work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=folder))
-    owner = os.open(work / OWNER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    owner = os.open(work / (OWNER + ".new"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(owner, fcntl.LOCK_EX)
+        os.rename(work / (OWNER + ".new"), work / OWNER)   # named once held: a sweep never finds it free
         yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
