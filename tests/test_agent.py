@@ -7,6 +7,8 @@ edit gives a known row. LLM answers come from tests/llm_server.py through the re
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import agent
 from harness.record import sinks
 from agent_target import SECRET, STRICT, edit, make_target
 from llm_server import INPUT_TOKENS, OUTPUT_TOKENS, ScriptedLLM
-from helpers import (LOWER_LR, RAISE_LR, SLOW, baseline_row, events, live_members, rows, run_agent, sha, start_agent,
+from helpers import (AGENT, LOWER_LR, RAISE_LR, SLOW, baseline_row, events, live_members, rows, run_agent, sha, start_agent,
                      steer_on_branch, tree_is_clean, wait_for_run)
 
 
@@ -232,6 +234,27 @@ def test_uncommitted_program_md_steers_the_loop(target):
     assert "Steer: only touch DEPTH now." in llm.requests[0][1]["messages"][0]["content"]
     assert (target / "program.md").read_text() == "# program\nSteer: only touch DEPTH now.\n"
     assert git.Repo(target).active_branch.name == "main"
+
+
+def test_the_real_prepare_saying_no_data_is_not_shown_as_an_error(monkeypatch, capsys, tmp_path):
+    """The real prepare.py's --check says "prepare.py: error: no prepared data in ...: run prepare.py first": agent.py
+    prepares the data itself, so it says the fact, not prepare.py's error and advice (a newcomer read it as an error)."""
+    from harness.run import target as target_mod
+    real = subprocess.run([sys.executable, "prepare.py", "--check"], cwd=AGENT.parent, capture_output=True, text=True,
+                          env={**os.environ, "AUTORESEARCH_CACHE": str(tmp_path / "empty")})
+    missing = real.stderr.strip().splitlines()[-1]
+    assert real.returncode == 1 and missing.startswith("prepare.py: error: no prepared data in")
+    answers = iter([agent.SetupError(f"prepare.py --check failed\n{missing}"), "profile: cpu\n"])
+
+    def check(where, *flags, timeout):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(target_mod, "run_prepare", check)
+    monkeypatch.setattr(target_mod, "relay", lambda argv, cwd, env: 0)
+    assert target_mod.ensure_prepared(tmp_path) == "profile: cpu\n"
+    assert capsys.readouterr().out == "no prepared data on this machine; preparing it now: prepare.py\n"
 
 
 def test_ratchet_branch_checked_out_is_refused(target, capsys):

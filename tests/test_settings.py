@@ -41,6 +41,10 @@ TRY = ["try", "--tag", "t", "--baseline"]
     (LOOP + ["--llm-share", "1.5"], "argument --llm-share: '1.5': use a finite number above 0 and at most 1"),
     (LOOP + ["--stall", "0"], "argument --stall: '0': use a finite number above 0"),
     (LOOP + ["--stall", "2.5"], "argument --stall: '2.5' is not an integer"),
+    (["--tag", "a..b"], "--tag 'a..b': use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                        "without '..' and not ending in '.lock' (it names a git branch; e.g. nov30)"),
+    (["--tag=-x"], "--tag '-x': use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                      "without '..' and not ending in '.lock' (it names a git branch; e.g. nov30)"),
 ])
 def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

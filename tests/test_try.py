@@ -103,6 +103,10 @@ def test_refusals_change_nothing(target, capsys):
     assert try_(target, "--baseline") == 0
     ledger = (target / "events.jsonl").read_bytes()
     assert try_(target, "-m", "nothing edited") == 2 and try_(target, "--fix", "-m", "no crash") == 2
+    capsys.readouterr()
+    assert agent.main(["try", "--tag", "tt", "--target", str(target), *STRICT, "-m", "a typo'd tag"]) == 2
+    assert "tag 'tt' has no baseline yet: run `uv run agent.py try --tag tt --baseline` first (tags with experiments " \
+           "here: t; a typo?)" in capsys.readouterr().err
     assert (target / "events.jsonl").read_bytes() == ledger                  # not even a "start" event
     assert try_(target, "--baseline") == 2
     assert "already has its baseline" in capsys.readouterr().err

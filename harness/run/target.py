@@ -164,7 +164,7 @@ def ensure_prepared(target, source=None):
     except SetupError as e:
         missing = str(e).splitlines()[-1]
     argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else [])
-    why = missing.removeprefix("error: ")
+    why = missing.split("error: ", 1)[-1]         # prepare.py's own "prepare.py: error: ": not an error here
     console.say(f"{'no prepared data on this machine' if why.startswith('no prepared data') else why[:200]}; "
                 f"preparing it now: {' '.join(['prepare.py', *argv[2:]])}")
     if relay(argv, target, clean_env()) != 0:    # its output and progress go to you

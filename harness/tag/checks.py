@@ -193,7 +193,10 @@ def try_baseline_state(s, here, best, best_bytes, describe):
     if a.command != "try":
         return
     if not a.baseline and not s.history:
-        raise SetupError(f"tag {tag!r} has no baseline yet: run `uv run agent.py try --tag {tag} --baseline` first")
+        others = sorted({str(e.get("tag")) for e in ledger.experiment_events(ledger.read_events(
+            s.tag.target / ledger.EVENTS))} - {tag})
+        raise SetupError(f"tag {tag!r} has no baseline yet: run `uv run agent.py try --tag {tag} --baseline` first"
+                         + (f" (tags with experiments here: {', '.join(others)}; a typo?)" if others else ""))
     if a.baseline and s.history and not a.new_hardware:    # --new-hardware: try_baseline_due decides
         raise SetupError(f"tag {tag!r} already has its baseline ({describe(s.history[0], s.tag.metric)}): edit "
                          f"train.py and run `uv run agent.py try --tag {tag} -m \"<idea>\"`")
