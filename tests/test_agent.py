@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import git
@@ -255,6 +256,39 @@ def test_the_real_prepare_saying_no_data_is_not_shown_as_an_error(monkeypatch, c
     monkeypatch.setattr(target_mod, "relay", lambda argv, cwd, env: 0)
     assert target_mod.ensure_prepared(tmp_path) == "profile: cpu\n"
     assert capsys.readouterr().out == "no prepared data on this machine; preparing it now: prepare.py\n"
+
+
+def test_a_resumed_tag_is_prepared_with_its_profile_and_refused_on_another(target, monkeypatch, capsys):
+    """A newcomer resumed a lab-profile tag on a machine with an empty cache: agent.py prepared the device's default
+    (cpu) data, then refused the tag for its budget with a fix that could not help. The tag's start event records its
+    profile; a fresh machine prepares that one, and data of another profile is refused naming the profile and the fix."""
+    from harness import ledger
+    from harness.run import target as target_mod
+    from harness.tag import checks, opening, settings, tagview
+    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=True, best="0" * 40, profile="lab")
+    ledger.log_event(target / ledger.EVENTS, "other", "start", new_branch=True, best="0" * 40, profile="cpu")
+    assert (tagview.recorded_profile(target, "t"), tagview.recorded_profile(target, "new")) == ("lab", None)
+    prepared, answers = [], iter([agent.SetupError("error: no prepared data"), "profile: lab\n"])
+
+    def check(where, *flags, timeout):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(target_mod, "run_prepare", check)
+    monkeypatch.setattr(target_mod, "relay", lambda argv, cwd, env: prepared.append(argv[1:]) or 0)
+    assert opening.prepared(target, settings.parse(["--tag", "t", "--target", str(target)])) == "profile: lab\n"
+    assert prepared == [["prepare.py", "--profile", "lab"]]
+    session = types.SimpleNamespace(settings=types.SimpleNamespace(tag="t"), tag=types.SimpleNamespace(profile="cpu"))
+    with pytest.raises(agent.SetupError) as refused:
+        checks.one_profile(session, "lab")
+    assert str(refused.value) == ("tag 't' was measured on the 'lab' profile's data and the data prepared here is the "
+                                  "'cpu' profile's: its numbers would not be comparable. Prepare the tag's to resume it "
+                                  "(`uv run prepare.py --profile lab --force`, with --source PATH offline), or start a "
+                                  "new --tag")
+    checks.one_profile(session, None)               # a tag older than the record, or a new one: nothing to compare
+    session.tag.profile = "lab"
+    checks.one_profile(session, "lab")
 
 
 def test_ratchet_branch_checked_out_is_refused(target, capsys):

@@ -481,6 +481,7 @@ def test_tpe_on_the_real_cpu_target_writes_runnable_points(real_repo):
     assert "no LLM key, so --proposer tpe" in done.stdout and "search: tpe over 16 constants" in done.stdout
     exps = events(repo_dir, "experiment")
     assert [e["n"] for e in exps] == [0, 1, 2]
+    assert [e["profile"] for e in events(repo_dir, "start")] == ["cpu"]   # a fresh machine resuming prepares this one
     lines = (repo_dir / "results.tsv").read_text().splitlines()[2:]
     assert all(line.split("\t")[4].startswith("[budget 2s] tpe: ") for line in lines) and len(lines) == 2
     study = study_of(repo_dir, "real")

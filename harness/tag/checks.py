@@ -95,6 +95,17 @@ def readable(s):
     return unreadable
 
 
+def one_profile(s, recorded):
+    """One profile's data per tag (recorded: the profile it was started on, TagState.profile): another profile's
+    model, data and budget give numbers that do not compare."""
+    here = s.tag.profile
+    if recorded and here and recorded != here:
+        raise SetupError(f"tag {s.settings.tag!r} was measured on the {recorded!r} profile's data and the data "
+                         f"prepared here is the {here!r} profile's: its numbers would not be comparable. Prepare the "
+                         f"tag's to resume it (`uv run prepare.py --profile {recorded} --force`, with --source PATH "
+                         "offline), or start a new --tag")
+
+
 def one_budget(s):
     """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
     first = next((e for e in s.history if e.get("budget_s") is not None),

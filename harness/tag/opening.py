@@ -27,9 +27,9 @@ from harness.errors import SetupError
 from harness.judge.holdout import pinned_env
 from harness.propose.providers import Spend
 from harness.propose.search import STUDY_DB
-from harness.tag.tagview import tag_state
-from harness.run.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
-                             run_prepare)
+from harness.tag.tagview import recorded_profile, tag_state
+from harness.run.target import (FROZEN, check_target, effective_budget, ensure_prepared, own_budget,
+                                read_frozen_constants, run_prepare)
 from harness.judge.verdict import DEFAULT_CONFIRM, PAIRED_CONFIRM, rule_of
 from harness.schema import Event
 from harness.tag.session import (RUN_LOG, TRY_LOG, Session, TagConfig, describe, duplicate_of, export_frozen,
@@ -61,6 +61,7 @@ def open_session(settings, profile=None, devices=()):
     checks.numbered(s)
     checks.no_stale_git_locks(s)
     damaged = checks.readable(s)
+    checks.one_profile(s, state.profile)
     checks.one_budget(s)
     checks.one_rule(s, state.rule)
     check_checkout(s)
@@ -79,6 +80,12 @@ def open_session(settings, profile=None, devices=()):
     measured_runs(s, all_events)
     s.tracking = tracking.start(s)
     return s, constants
+
+
+def prepared(target, settings):
+    """The target's data prepared (harness.run.target.ensure_prepared): on a fresh machine with settings.source, and
+    with the profile of the tag it resumes (tagview.recorded_profile). Returns `prepare.py --check`'s stdout."""
+    return ensure_prepared(target, settings.source, recorded_profile(target, settings.tag))
 
 
 def records(s):
@@ -230,7 +237,7 @@ def place_branch(s):
     if s.tag.branch not in s.repo.heads:
         s.repo.create_head(s.tag.branch, s.repo.head.commit)
         s.best_commit = s.repo.head.commit.hexsha
-        s.start = dict(new_branch=True, best=s.best_commit, **rule)
+        s.start = dict(new_branch=True, best=s.best_commit, profile=s.tag.profile, **rule)
         return
     # before the baseline is measured, whatever the branch holds is the baseline
     s.best_commit = s.best_event["full_commit"] if s.best_event else s.repo.heads[s.tag.branch].commit.hexsha
@@ -240,7 +247,7 @@ def place_branch(s):
         s.log(Event.ADVANCED, n=s.next_n - 1, tip=tip, best=s.best_commit)
     elif tip != s.best_commit:
         adopt_human_commits(s, tip)
-    s.start = dict(new_branch=False, best=s.best_commit, experiments=len(s.history), **rule)
+    s.start = dict(new_branch=False, best=s.best_commit, experiments=len(s.history), profile=s.tag.profile, **rule)
 
 
 def claim_home(s):

@@ -8,6 +8,7 @@ logs nothing, creates nothing and takes no lock. The Session derives its best an
 
 import collections
 import dataclasses
+from pathlib import Path
 
 from harness import ledger, schema
 from harness.judge import verdict
@@ -65,6 +66,7 @@ class TagState(Derived):
                             # tags: their first start event's; verdict "margin" before the paired rule), None
                             # before the baseline is recorded (or not recorded at all)
     hardware_epoch: int = 1  # the tag's current hardware epoch (its latest "hardware" event's)
+    profile: str | None = None  # the profile of the data it was started on (its first start event that says one)
 
 
 def tag_state(all_events, tag):
@@ -90,6 +92,13 @@ def tag_state(all_events, tag):
                     input_tokens=sum(e.get("input_tokens", 0) for e in proposals),
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
                     stale_runs=stale, rule=rule,
-                    hardware_epoch=(schema.last(mine, Event.HARDWARE) or {}).get("epoch", 1))
+                    hardware_epoch=(schema.last(mine, Event.HARDWARE) or {}).get("epoch", 1),
+                    profile=next((e["profile"] for e in schema.of(mine, Event.START) if e.get("profile")), None))
+
+
+def recorded_profile(target, tag):
+    """The profile tag `tag` of the target dir was started on (TagState.profile): the data a fresh machine prepares
+    to resume it. None for a new tag, or one older than the record."""
+    return tag_state(ledger.read_events(Path(target) / ledger.EVENTS), tag).profile
 
 
