@@ -5,6 +5,7 @@ in the checkout as an agent would, runs `try`, and checks the verdict block, the
 """
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 import agent
 import report
-from agent_target import SECRET, STRICT, edit
+from agent_target import SECRET, STRICT, edit, make_noisy_target
 from harness.run.conditions import Allowance
 from llm_server import ScriptedLLM
 from helpers import AGENT, events, rows, sha, steer_on_branch, tree_is_clean, wait_for_run
@@ -369,6 +370,27 @@ def test_a_near_miss_is_named_and_the_background_log_is_ignored(target, capsys):
     assert value(capsys.readouterr().out, "status").startswith("discard (a near-miss: within the margin")
     (target / "try.log").write_text("program.md's background try writes here\n")
     assert "try.log" not in git.Repo(target).git.status("--porcelain")
+
+
+def test_the_paired_delta_is_against_the_best_at_the_same_seeds(tmp_path, monkeypatch, capsys):
+    """Under the paired rule an edit is judged against the best's runs at its own seeds, not the best's recorded mean
+    (a newcomer read a delta of -0.72 beside a verdict that the edit was worse: the baseline ran on a busier
+    machine). The delta line says what the verdict compared."""
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "ready").touch()
+    target = make_noisy_target(tmp_path / "repo", salt=3)
+    argv = ["try", "--tag", "p", "--target", str(target), "--timeout", "20"]
+    assert agent.main(argv + ["--baseline", "--baseline-runs", "3"]) == 0
+    (target / "train.py").write_text((target / "train.py").read_text().replace("gain = 0.0", "gain = 0.02"))
+    capsys.readouterr()
+    assert agent.main(argv + ["-m", "a gain of 0.02"]) == 0
+    out = capsys.readouterr().out
+    exp = events(target, "experiment")[1]
+    paired = statistics.fmean(exp["best_runs"])
+    assert paired != exp["base_metric"]            # two of the baseline's three seeds: not the recorded mean
+    assert value(out, "delta") == (f"{exp['metric'] - paired:+.6f} vs the best at the same seeds ({paired:.6f}; "
+                                   f"recorded {exp['base_metric']:.6f})")
 
 
 def test_one_rule_per_tag_fixed_when_the_baseline_is_recorded(target, capsys):
