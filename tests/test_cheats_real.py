@@ -98,7 +98,7 @@ def test_cheats_and_honest_edits_in_the_sandbox(real_repo):
     report = subprocess.run([sys.executable, str(REPO / "report.py"), str(repo_dir / "results.tsv")],
                             cwd=repo_dir, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    assert f"{len(rows)} rows = baseline + {len(rows) - 1}: {len(kept)} keep" in report.stdout
+    assert f"{len(rows)} rows = baseline + {len(rows) - 1}: {len(kept) - 1} keep" in report.stdout
     assert f"baseline     {rows[0][1]}" in report.stdout
     assert (repo_dir / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -144,7 +144,7 @@ def test_smoke_runs_are_labelled_and_reported_apart(target, monkeypatch, tmp_pat
         [*smoke, "ccccccc\t1.200000\t2.0\tkeep\tbaseline", "ddddddd\t1.100000\t2.0\tkeep\tlr"]) + "\n")
     assert report.main([str(tmp_path / "mixed.tsv"), "--png", str(tmp_path / "q.png")]) == 0
     out = capsys.readouterr().out
-    assert "2 rows = baseline + 1: 2 keep" in out and "baseline     1.200000" in out
+    assert "2 rows = baseline + 1: 1 keep" in out and "baseline     1.200000" in out
     assert "smoke rows   2 with a shortened budget" in out
 
 
@@ -188,7 +188,7 @@ def test_report_of_a_file_holding_two_tags_reads_the_latest(tmp_path, capsys):
     assert report.main([str(tmp_path / "results.tsv"), "--png", str(tmp_path / "p.png")]) == 0
     captured = capsys.readouterr()
     assert "holds the tags a, b: reporting the latest, b" in captured.err
-    assert "2 rows = baseline + 1: 2 keep" in captured.out and "baseline     1.600000" in captured.out
+    assert "2 rows = baseline + 1: 1 keep" in captured.out and "baseline     1.600000" in captured.out
     # next to another run's events.jsonl, the events are not attached to it
     shutil.copy(FIXTURES / "normal.tsv", tmp_path / "results.tsv")
     assert report.main([str(tmp_path / "results.tsv"), "--png", str(tmp_path / "q.png")]) == 0

@@ -196,7 +196,7 @@ def test_cli_prints_summary_and_writes_png(tmp_path, capsys):
     rc = report.main([str(FIXTURES / "normal.tsv"), "--events", str(FIXTURES / "normal_events.jsonl"), "--png", str(png)])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "experiments  6 rows = baseline + 5: 3 keep, 2 discard, 1 crash\n" in out
+    assert "experiments  6 rows = baseline + 5: 2 keep, 2 discard, 1 crash\n" in out
     assert "baseline     1.000000\n" in out
     assert "best         0.980000 at eeeeeee, improvement +0.020000 (+2.00%)\n" in out
     assert "success rate 2/5 = 40.0% of experiments kept\n" in out
@@ -232,7 +232,7 @@ def test_tag_selects_the_rows_of_one_run(tmp_path, capsys):
         ("aaaaaaa", 1.0), ("bbbbbbb", 0.99)]
     assert report.main([str(tmp_path), "--tag", "nov30", "--png", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
-    assert "3 rows = baseline + 2: 1 keep, 1 discard, 1 crash" in out and "3 experiments in 5m00s" in out
+    assert "3 rows = baseline + 2: 0 keep, 1 discard, 1 crash" in out and "3 experiments in 5m00s" in out
     assert report.main([str(tmp_path), "--tag", "dec01"]) == 2
     assert "tags in the events file: nov29, nov30" in capsys.readouterr().err
     (tmp_path / "events.jsonl").unlink()

@@ -112,6 +112,7 @@ class Summary:
     improvement: float | None  # baseline -> best in the goal's direction: positive means better
     improvement_pct: float | None  # improvement as % of |baseline|; None when the baseline is 0
     kept_experiments: int      # kept rows after the baseline
+    experiment_counts: dict    # status -> rows after the baseline (what the experiments came to), every status present
     success_rate: float | None # kept_experiments / experiments after the baseline; None when there are none
 
 
@@ -133,6 +134,7 @@ def summarize(rows, metric_name, goal):
     return Summary(metric_name=metric_name, goal=goal, total=len(rows), counts=counts, baseline=baseline, best=best,
                    best_commit=best_row.commit if best_row else None, improvement=improvement, improvement_pct=pct,
                    kept_experiments=kept_experiments,
+                   experiment_counts={s: sum(r.status == s for r in rows[1:]) for s in STATUSES},
                    success_rate=kept_experiments / experiments if experiments > 0 else None)
 
 
@@ -184,7 +186,7 @@ def _duration(seconds):
 
 def format_summary(s):
     """The summary as a few aligned lines of text."""
-    c = s.counts
+    c = s.experiment_counts             # the baseline's own row (a keep) is not an experiment's verdict
     direction = "lower" if s.goal == "min" else "higher"
     lines = [f"metric       {s.metric_name} ({direction} is better)",
              f"experiments  {s.total} rows = baseline + {max(s.total - 1, 0)}: "

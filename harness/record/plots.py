@@ -68,8 +68,8 @@ def plot_progress(rows, metric_name, goal, png, title="results.tsv", rule=None):
     fig = Figure(figsize=(11, 5.5), dpi=110)
     ax = fig.subplots()
     s = summarize(rows, metric_name, goal)
-    c = s.counts
-    headline = (f"{title}: baseline + {max(len(rows) - 1, 0)} experiments, {s.kept_experiments} kept, "
+    c = s.experiment_counts
+    headline = (f"{title}: baseline + {max(len(rows) - 1, 0)} experiments, {c['keep']} kept, "
                 f"{c['discard']} discarded, {c['crash']} crashed")
     if s.best is not None and s.improvement_pct is not None:
         headline += f"\nbest {s.best:.6f} ({s.improvement_pct:+.2f}% vs baseline {s.baseline:.6f})"
