@@ -346,8 +346,10 @@ def load_results(path):
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such results file. Run the agent first (uv run agent.py --tag <tag>) "
-                                f"or pass the path of a results.tsv, e.g. results.tsv.example")
+        example = Path(__file__).resolve().parents[1] / "results.tsv.example"
+        raise FileNotFoundError(f"{path.absolute()}: no such results file. agent.py writes results.tsv in the directory "
+                                "of the target it ran on (uv run agent.py --tag <tag>): run report.py there or pass "
+                                f"that file's path; {example} is an example")
     # split on "\n" only: splitlines() would also break a row at characters like U+2028 inside a description
     text = path.read_text(encoding="utf-8-sig", errors="replace")
     lines = [line.rstrip("\r") for line in text.split("\n")] if text else []

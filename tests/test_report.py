@@ -172,7 +172,7 @@ def test_loader_tolerates_extra_columns_partial_line_and_header_only():
     assert s.baseline is None and s.best is None and s.improvement is None and s.success_rate == 0.0
 
 
-def test_bad_input_gives_clear_errors(tmp_path, capsys):
+def test_bad_input_gives_clear_errors(tmp_path, capsys, monkeypatch):
     with pytest.raises(FileNotFoundError, match="results.tsv.example"):
         report.load_results(tmp_path / "results.tsv")
     (tmp_path / "empty.tsv").write_text("")
@@ -182,7 +182,13 @@ def test_bad_input_gives_clear_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="expected a results.tsv header"):
         report.load_results(tmp_path / "other.tsv")
     assert report.main([str(tmp_path / "missing.tsv")]) == 2
-    assert "no such results file" in capsys.readouterr().err
+    assert f"{tmp_path / 'missing.tsv'}: no such results file. agent.py writes results.tsv in the directory of the " \
+           f"target it ran on" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)             # run from elsewhere: the path it looked at, and where the example is
+    assert report.main([]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'results.tsv'}: no such results file" in err and f"{REPO / 'results.tsv.example'} is an " \
+           "example" in err
     assert report.main([str(FIXTURES / "normal.tsv"), "--tag", "t1", "--events", str(tmp_path / "none.jsonl")]) == 2
     assert "no such events file" in capsys.readouterr().err
 
