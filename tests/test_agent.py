@@ -265,8 +265,9 @@ def test_a_resumed_tag_is_prepared_with_its_profile_and_refused_on_another(targe
     from harness import ledger
     from harness.run import target as target_mod
     from harness.tag import checks, opening, settings, tagview
-    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=True, best="0" * 40, profile="lab")
-    ledger.log_event(target / ledger.EVENTS, "other", "start", new_branch=True, best="0" * 40, profile="cpu")
+    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=True, best="0" * 40, profile="cpu")
+    ledger.log_event(target / ledger.EVENTS, "other", "start", new_branch=True, best="0" * 40, profile="default")
+    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=False, best="0" * 40, profile="lab")   # moved
     assert (tagview.recorded_profile(target, "t"), tagview.recorded_profile(target, "new")) == ("lab", None)
     prepared, answers = [], iter([agent.SetupError("error: no prepared data"), "profile: lab\n"])
 
@@ -279,14 +280,18 @@ def test_a_resumed_tag_is_prepared_with_its_profile_and_refused_on_another(targe
     monkeypatch.setattr(target_mod, "relay", lambda argv, cwd, env: prepared.append(argv[1:]) or 0)
     assert opening.prepared(target, settings.parse(["--tag", "t", "--target", str(target)])) == "profile: lab\n"
     assert prepared == [["prepare.py", "--profile", "lab"]]
-    session = types.SimpleNamespace(settings=types.SimpleNamespace(tag="t"), tag=types.SimpleNamespace(profile="cpu"))
+    session = types.SimpleNamespace(settings=types.SimpleNamespace(tag="t", new_hardware=False),
+                                    tag=types.SimpleNamespace(profile="cpu"))
     with pytest.raises(agent.SetupError) as refused:
         checks.one_profile(session, "lab")
     assert str(refused.value) == ("tag 't' was measured on the 'lab' profile's data and the data prepared here is the "
                                   "'cpu' profile's: its numbers would not be comparable. Prepare the tag's to resume it "
-                                  "(`uv run prepare.py --profile lab --force`, with --source PATH offline), or start a "
-                                  "new --tag")
+                                  "(`uv run prepare.py --profile lab --force`, with --source PATH offline), continue "
+                                  "it on this data with a new baseline (--new-hardware), or start a new --tag")
     checks.one_profile(session, None)               # a tag older than the record, or a new one: nothing to compare
+    session.settings.new_hardware = True            # moved to this machine's data: a new baseline, then its profile
+    checks.one_profile(session, "lab")
+    session.settings.new_hardware = False
     session.tag.profile = "lab"
     checks.one_profile(session, "lab")
 

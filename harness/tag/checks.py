@@ -96,14 +96,14 @@ def readable(s):
 
 
 def one_profile(s, recorded):
-    """One profile's data per tag (recorded: the profile it was started on, TagState.profile): another profile's
-    model, data and budget give numbers that do not compare."""
+    """One profile's data per tag (recorded: the profile of its latest start, TagState.profile): another profile's
+    model, data and budget give numbers that do not compare. --new-hardware may change it (a new baseline first)."""
     here = s.tag.profile
-    if recorded and here and recorded != here:
+    if recorded and here and recorded != here and not s.settings.new_hardware:
         raise SetupError(f"tag {s.settings.tag!r} was measured on the {recorded!r} profile's data and the data "
                          f"prepared here is the {here!r} profile's: its numbers would not be comparable. Prepare the "
                          f"tag's to resume it (`uv run prepare.py --profile {recorded} --force`, with --source PATH "
-                         "offline), or start a new --tag")
+                         "offline), continue it on this data with a new baseline (--new-hardware), or start a new --tag")
 
 
 def one_budget(s):

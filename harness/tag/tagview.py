@@ -66,7 +66,8 @@ class TagState(Derived):
                             # tags: their first start event's; verdict "margin" before the paired rule), None
                             # before the baseline is recorded (or not recorded at all)
     hardware_epoch: int = 1  # the tag's current hardware epoch (its latest "hardware" event's)
-    profile: str | None = None  # the profile of the data it was started on (its first start event that says one)
+    profile: str | None = None  # the profile of its data (its latest start event that says one: --new-hardware may
+    #                             move a tag to another profile's machine)
 
 
 def tag_state(all_events, tag):
@@ -93,7 +94,8 @@ def tag_state(all_events, tag):
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
                     stale_runs=stale, rule=rule,
                     hardware_epoch=(schema.last(mine, Event.HARDWARE) or {}).get("epoch", 1),
-                    profile=next((e["profile"] for e in schema.of(mine, Event.START) if e.get("profile")), None))
+                    profile=next((e["profile"] for e in reversed(schema.of(mine, Event.START)) if e.get("profile")),
+                                 None))
 
 
 def recorded_profile(target, tag):
