@@ -21,8 +21,12 @@ FIXES = {errno.ENOSPC: "free space on that disk", errno.EDQUOT: "free space (a d
 
 
 def os_words(e):
-    """An OSError of the machine (a file: disk full, permissions, gone) in one line with the fix; None for one that
+    """An OSError of the machine (a file: disk full, permissions, gone; a process it could not start: the process
+    table or the memory full, as a run's fork bomb leaves it) in one line with the fix; None for another one that
     names no file (a bug, left to its traceback)."""
+    if e.filename is None and e.errno in (errno.EAGAIN, errno.ENOMEM):
+        return (f"the machine could not start a process ({e.strerror or e}): its process table or its memory is "
+                "full; end what holds them (`ps -e | wc -l` counts the processes)")
     if e.filename is None:
         return None
     return f"{e.filename}: {e.strerror or e}; {FIXES.get(e.errno, 'fix that')}"

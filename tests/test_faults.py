@@ -5,6 +5,7 @@ results.tsv holding two tags or lying next to another run's events, and an unpri
 Runs the tiny target of tests/agent_target.py (see test_agent.py for its known metric).
 """
 
+import errno
 import json
 import os
 import shutil
@@ -530,6 +531,31 @@ def test_an_unwritable_results_file_stops_with_its_name_and_the_fix(target, caps
     assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 0
     assert [r.split("\t")[0] for r in rows(target)] == [e["commit"] for e in events(target, "experiment")]
     assert len(rows(target)) == 2
+
+
+def test_a_full_process_table_stops_with_the_fix_and_the_rerun_measures_the_experiment(target, monkeypatch, capsys):
+    """The machine cannot start train.py (fork: EAGAIN, as a run's fork bomb or a machine out of memory leaves it):
+    the loop stops with what happened and the fix, no traceback, nothing recorded for the idea; the rerun measures
+    it."""
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "0") == 0
+    real = subprocess.Popen
+
+    class Full(real):
+        def __init__(self, argv, *args, **kwargs):
+            if "train.py" in argv:
+                raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+            super().__init__(argv, *args, **kwargs)
+    monkeypatch.setattr(subprocess, "Popen", Full)
+    capsys.readouterr()
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 1
+    err = capsys.readouterr().err
+    assert "agent.py: stopped: the machine could not start a process (Resource temporarily unavailable): its process " \
+           "table or its memory is full; end what holds them (`ps -e | wc -l` counts the processes), then rerun the " \
+           "same command to resume" in err and "Traceback" not in err
+    assert len(events(target, "experiment")) == 1
+    monkeypatch.setattr(subprocess, "Popen", real)
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 0
+    assert len(rows(target)) == 2 and len(events(target, "experiment")) == 2
 
 
 def test_data_gone_during_a_run_stops_without_blaming_the_idea(target, monkeypatch):
