@@ -46,10 +46,10 @@ from harness.propose.proposers import make_proposer
 from harness.propose.providers import Spend
 from harness.propose.prompts import SYSTEM_PROMPT, goal_word
 from harness.run.processes import become_subreaper
-from harness.tag.opening import open_session, prepared
+from harness.tag.opening import open_session
 from harness.tag.session import RUN_LOG, interrupt_words, status
 from harness.tag.settings import BREAKER, MAX_FIXES, MAX_REPAIRS, THREADS, parse  # noqa: F401  (the loop's rules, stated there)
-from harness.run.target import FROZEN, check_target, profile_of, read_text, run_prepare
+from harness.run.target import FROZEN, check_target, ensure_prepared, profile_of, read_text, run_prepare
 from harness.schema import Event
 
 
@@ -257,7 +257,7 @@ def main(argv=None):
         if proposer is not None:        # one 1-token request: a dead server, a refused key or an unknown model
             proposer.check()            # stop here, before anything is created or trained
         with lock_repo(repo := open_repo(target)):
-            profile = profile_of(prepared(target, settings))   # a fresh machine: prepared here (a tag's profile)
+            profile = profile_of(ensure_prepared(target, settings.source))   # a fresh machine: prepared here
             with acquired(Local(settings.devices, THREADS) if settings.ray is None else cluster.RaySource(settings.ray,
                     dict(sandbox=settings.sandbox, source=settings.source, profile=profile,   # a dead address stops
                          hide=[repo.working_tree_dir, str(git_dir(repo))]))) as devices:     # here

@@ -119,7 +119,7 @@ PROFILES = {
     "cpu": Profile("cpu", max_seq_len=256, eval_tokens=65536, vocab_size=2048, doc_chars=512),
     "lab": Profile("lab", max_seq_len=128, eval_tokens=65536, vocab_size=512, doc_chars=256),
 }
-# lab: research on 2 CPU cores. A ~0.3M-parameter model on 128-token rows of a 512-token vocabulary trains ~1000
+# lab: research on 2 CPU cores. A ~0.5M-parameter model on 128-token rows of a 512-token vocabulary trains ~650
 # steps in its 60 s (PROFILE_BUDGETS), and always on the sample shipped in data/sample (unless --source or --dataset
 # says otherwise), so that its recorded table of runs (bench/lab_table.tsv) holds on every machine.
 

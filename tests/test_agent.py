@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import git
@@ -258,42 +257,30 @@ def test_the_real_prepare_saying_no_data_is_not_shown_as_an_error(monkeypatch, c
     assert capsys.readouterr().out == "no prepared data on this machine; preparing it now: prepare.py\n"
 
 
-def test_a_resumed_tag_is_prepared_with_its_profile_and_refused_on_another(target, monkeypatch, capsys):
+def test_a_tag_resumed_on_another_profiles_data_is_refused_naming_the_profile_to_prepare(target, capsys):
     """A newcomer resumed a lab-profile tag on a machine with an empty cache: agent.py prepared the device's default
-    (cpu) data, then refused the tag for its budget with a fix that could not help. The tag's start event records its
-    profile; a fresh machine prepares that one, and data of another profile is refused naming the profile and the fix."""
-    from harness import ledger
-    from harness.run import target as target_mod
-    from harness.tag import checks, opening, settings, tagview
-    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=True, best="0" * 40, profile="cpu")
-    ledger.log_event(target / ledger.EVENTS, "other", "start", new_branch=True, best="0" * 40, profile="default")
-    ledger.log_event(target / ledger.EVENTS, "t", "start", new_branch=False, best="0" * 40, profile="lab")   # moved
-    assert (tagview.recorded_profile(target, "t"), tagview.recorded_profile(target, "new")) == ("lab", None)
-    prepared, answers = [], iter([agent.SetupError("error: no prepared data"), "profile: lab\n"])
-
-    def check(where, *flags, timeout):
-        answer = next(answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-    monkeypatch.setattr(target_mod, "run_prepare", check)
-    monkeypatch.setattr(target_mod, "relay", lambda argv, cwd, env: prepared.append(argv[1:]) or 0)
-    assert opening.prepared(target, settings.parse(["--tag", "t", "--target", str(target)])) == "profile: lab\n"
-    assert prepared == [["prepare.py", "--profile", "lab"]]
-    session = types.SimpleNamespace(settings=types.SimpleNamespace(tag="t", new_hardware=False),
-                                    tag=types.SimpleNamespace(profile="cpu"))
-    with pytest.raises(agent.SetupError) as refused:
-        checks.one_profile(session, "lab")
-    assert str(refused.value) == ("tag 't' was measured on the 'lab' profile's data and the data prepared here is the "
-                                  "'cpu' profile's: its numbers would not be comparable. Prepare the tag's to resume it "
-                                  "(`uv run prepare.py --profile lab --force`, with --source PATH offline), continue "
-                                  "it on this data with a new baseline (--new-hardware), or start a new --tag")
-    checks.one_profile(session, None)               # a tag older than the record, or a new one: nothing to compare
-    session.settings.new_hardware = True            # moved to this machine's data: a new baseline, then its profile
-    checks.one_profile(session, "lab")
-    session.settings.new_hardware = False
-    session.tag.profile = "lab"
-    checks.one_profile(session, "lab")
+    data and refused the tag for its budget, advising the same AUTORESEARCH_TIME_BUDGET, which could not help. The
+    tag's start event records the profile of its data, and the refusal names it and the command that prepares it."""
+    prepare = target / "prepare.py"
+    prepare.write_text(prepare.read_text().replace(
+        "TIME_BUDGET = ", 'PROFILE_BUDGETS = {"quick": 2}\nTIME_BUDGET = ', 1).replace(
+        '            sys.exit(1)\n', '            sys.exit(1)\n        print("profile:", (ready.parent / "profile").read_text())\n', 1))
+    git.Repo(target).git.commit("-qam", "profiles")
+    profile = Path(os.environ["AUTORESEARCH_CACHE"]) / "profile"
+    profile.write_text("quick")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "0") == 0
+    assert [(e["profile"], e["new_branch"]) for e in events(target, "start")] == [("quick", True)]
+    assert events(target, "experiment")[0]["budget_s"] == 2
+    profile.write_text("full")                   # the device's default, prepared on a fresh machine
+    capsys.readouterr()
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 2
+    assert "agent.py: error: tag 't' was measured with a 2 s budget and this run has 3 s: its numbers would not be " \
+           "comparable. The tag's data was the 'quick' profile's and the data prepared here is the 'full' profile's: " \
+           "prepare the tag's (`uv run prepare.py --profile quick --force`, with --source PATH offline) to resume it, " \
+           "or start a new --tag" in capsys.readouterr().err
+    profile.write_text("quick")
+    assert run_agent(target, None, "random", "--proposer", "random", "--max-experiments", "1") == 0
+    assert [e["profile"] for e in events(target, "start")] == ["quick", "quick"] and len(rows(target)) == 2
 
 
 def test_ratchet_branch_checked_out_is_refused(target, capsys):

@@ -293,12 +293,14 @@ def test_the_node_never_reads_an_artifact_swapped_for_a_link_or_a_fifo(target, m
 def test_a_node_removes_the_scratch_a_killed_run_left_and_never_a_live_one(tmp_path):
     """A node's run killed with -9 (a lost Ray worker) could not remove its scratch directory (the target twice and
     the artifact: a GPU model's weights each time); the next run on that node removes it. Never a run's still going
-    (its lock is held), one of an older version (no owner file), or a link to elsewhere."""
+    (its lock is held), one of an older version (no owner file), a link to elsewhere, another host's (a temporary
+    directory shared by nodes), nor one whose owner file is a FIFO (opening it would block every later run)."""
     holder = ("import sys, time\nfrom harness.run import node\nwith node.scratch(sys.argv[1]) as work:\n"
               "    print(work, flush=True)\n    time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], cwd=AGENT.parent, stdout=subprocess.PIPE,
                              text=True)
     dead = Path(child.stdout.readline().strip())
+    assert dead.name.startswith(node.SCRATCH_PREFIX) and dead.parent == tmp_path
     (dead / "run").mkdir()
     (dead / "run" / "artifact").write_bytes(b"weights")
     node.sweep(tmp_path)                            # its run is still going
@@ -311,12 +313,17 @@ def test_a_node_removes_the_scratch_a_killed_run_left_and_never_a_live_one(tmp_p
     elsewhere.mkdir()
     (elsewhere / node.OWNER).touch()
     (tmp_path / (node.SCRATCH_PREFIX + "link")).symlink_to(elsewhere)
+    (tmp_path / (node.SCRATCH_PREFIX + "fifo")).mkdir()
+    os.mkfifo(tmp_path / (node.SCRATCH_PREFIX + "fifo") / node.OWNER)     # planted: opening it must not block
+    (tmp_path / (node.SCRATCH_PREFIX + "host")).mkdir()
+    (tmp_path / (node.SCRATCH_PREFIX + "host") / node.OWNER).write_text("another-host")   # a shared /tmp: not ours
     with node.scratch(tmp_path) as live:
         assert not dead.exists() and old.is_dir() and (elsewhere / node.OWNER).exists() and live.is_dir()
         node.sweep(tmp_path)                        # another run starting on this node meanwhile
         assert live.is_dir()
     assert not live.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["autoresearch-ray-link", "autoresearch-ray-old", "elsewhere"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autoresearch-ray-fifo", "autoresearch-ray-host",
+                                                          "autoresearch-ray-link", "autoresearch-ray-old", "elsewhere"]
 
 
 def test_the_node_command_refuses_bad_arguments_and_an_unreadable_payload(tmp_path):

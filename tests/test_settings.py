@@ -42,9 +42,11 @@ TRY = ["try", "--tag", "t", "--baseline"]
     (LOOP + ["--stall", "0"], "argument --stall: '0': use a finite number above 0"),
     (LOOP + ["--stall", "2.5"], "argument --stall: '2.5' is not an integer"),
     (["--tag", "a..b"], "--tag 'a..b': use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
-                        "without '..' and not ending in '.lock' (it names a git branch; e.g. nov30)"),
+                        "without '..' and not ending in '.' or '.lock' (it names a git branch; e.g. nov30)"),
+    (["--tag", "a."], "--tag 'a.': use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                      "without '..' and not ending in '.' or '.lock' (it names a git branch; e.g. nov30)"),
     (["--tag=-x"], "--tag '-x': use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
-                      "without '..' and not ending in '.lock' (it names a git branch; e.g. nov30)"),
+                      "without '..' and not ending in '.' or '.lock' (it names a git branch; e.g. nov30)"),
 ])
 def test_a_numeric_flag_out_of_range_exits_2_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -164,7 +164,7 @@ def verdict(s, event, result, synced=True):
                                                                         "combining with another idea)" if near else "")),
              (s.tag.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
               f"- ({Cancel(**event['cancelled']).words()})")]
-    if event["n"] > 0 and measured and event.get("best_runs"):        # the paired rule: what it was judged against
+    if event["n"] > 0 and measured and event.get("best_runs") and rule.is_paired:   # what it was judged against
         lines.append(("delta", f"{event['metric'] - base:+.6f} vs the best at the same seeds ({base:.6f}; recorded "
                                f"{event['base_metric']:.6f})"))
     elif event["n"] > 0 and measured and event.get("base_metric") is not None:

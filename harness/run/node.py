@@ -133,36 +133,45 @@ def run_in(payload, work):
 @contextlib.contextmanager
 def scratch(folder=None):
     """A fresh directory for one run on this node (in folder, default the temporary directory), held while the run
-    lasts (an flock on its OWNER file, released by the kernel however the process ends) and removed afterwards. First
-    removes those a run left when its process died before it could (kill -9, a lost Ray worker: an artifact and two
-    copies of the target each): the ones whose lock is free. Yields its Path."""
+    lasts (an flock on its OWNER file, which names this host, released by the kernel however the process ends) and
+    removed afterwards. First removes those a run on this host left when its process died before it could (kill -9, a
+    lost Ray worker: an artifact and two copies of the target each): the ones whose lock is free. Where the filesystem
+    has no flock, nothing is held or removed but the run's own directory. Yields its Path."""
     folder = Path(folder or tempfile.gettempdir())
     sweep(folder)
     work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=folder))
-    owner = os.open(work / (OWNER + ".new"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    owner = None
     try:
+        owner = os.open(work / (OWNER + ".new"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.write(owner, socket.gethostname().encode())
         fcntl.flock(owner, fcntl.LOCK_EX)
         os.rename(work / (OWNER + ".new"), work / OWNER)   # named once held: a sweep never finds it free
+    except OSError:                         # no flock there (some network filesystems): the run goes on unheld
+        pass
+    try:
         yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        os.close(owner)
+        if owner is not None:
+            os.close(owner)
 
 
 def sweep(folder):
     """Remove each run's scratch directory in folder whose owner is gone: a directory of this user (not a link) whose
-    OWNER file's lock is free. One without an OWNER file (being made, or an older version's) is left alone."""
+    OWNER file is a regular file naming this host (a temporary directory shared by nodes: another host's lock may not
+    be seen here) and whose lock is free. One without an OWNER file (being made, or an older version's) is left."""
     for work in Path(folder).glob(SCRATCH_PREFIX + "*"):
         try:
             if work.is_symlink() or not work.is_dir() or work.stat().st_uid != os.getuid():
                 continue
-            owner = os.open(work / OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+            owner = os.open(work / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a FIFO never blocks
         except OSError:
             continue
         try:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(work, ignore_errors=True)
-        except OSError:                     # held: its run is still going
+            if stat.S_ISREG(os.fstat(owner).st_mode) and os.read(owner, 256) == socket.gethostname().encode():
+                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:                     # held: its run is still going (or no flock there)
             pass
         finally:
             os.close(owner)

@@ -150,11 +150,10 @@ def score_holdout(frozen_dir, artifact, metric, timeout=3600, env=None, wrap=Non
     return float(found[-1])
 
 
-def ensure_prepared(target, source=None, profile=None):
+def ensure_prepared(target, source=None):
     """`prepare.py --check`, and when it fails (a fresh machine), prepare.py itself: the default data for this device
-    class, or `--source PATH`, with its progress on the terminal; then the check again. profile: the profile to
-    prepare (a resumed tag's, harness.tag.tagview.recorded_profile), default the device class's. Returns the check's
-    stdout; raises Stop (prepare.py's own message is above it) when the data cannot be prepared (offline, a cache prepared
+    class, or `--source PATH`, with its progress on the terminal; then the check again. Returns the check's stdout;
+    raises Stop (prepare.py's own message is above it) when the data cannot be prepared (offline, a cache prepared
     otherwise)."""
     try:
         ready = run_prepare(target, "--check", timeout=600)
@@ -164,8 +163,7 @@ def ensure_prepared(target, source=None, profile=None):
         return ready
     except SetupError as e:
         missing = str(e).splitlines()[-1]
-    argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else []) \
-        + (["--profile", profile] if profile else [])
+    argv = [sys.executable, "prepare.py"] + (["--source", str(Path(source).expanduser().resolve())] if source else [])
     why = missing.split("error: ", 1)[-1]         # prepare.py's own "prepare.py: error: ": not an error here
     console.say(f"{'no prepared data on this machine' if why.startswith('no prepared data') else why[:200]}; "
                 f"preparing it now: {' '.join(['prepare.py', *argv[2:]])}")

@@ -95,27 +95,29 @@ def readable(s):
     return unreadable
 
 
-def one_profile(s, recorded):
-    """One profile's data per tag (recorded: the profile of its latest start, TagState.profile): another profile's
-    model, data and budget give numbers that do not compare. --new-hardware may change it (a new baseline first)."""
+def profile_words(s, recorded):
+    """What a refusal of the budget or of the frozen inputs adds when the data prepared here is another profile's than
+    the tag's (recorded: its latest start's, tagview.latest_profile; a fresh machine prepares its device's default),
+    "" otherwise: the likely cause and the command that prepares the tag's data (the pretraining target's --profile)."""
     here = s.tag.profile
-    if recorded and here and recorded != here and not s.settings.new_hardware:
-        raise SetupError(f"tag {s.settings.tag!r} was measured on the {recorded!r} profile's data and the data "
-                         f"prepared here is the {here!r} profile's: its numbers would not be comparable. Prepare the "
-                         f"tag's to resume it (`uv run prepare.py --profile {recorded} --force`, with --source PATH "
-                         "offline), continue it on this data with a new baseline (--new-hardware), or start a new --tag")
+    if not (recorded and here and recorded != here):
+        return ""
+    return (f". The tag's data was the {recorded!r} profile's and the data prepared here is the {here!r} profile's: "
+            f"prepare the tag's (`uv run prepare.py --profile {recorded} --force`, with --source PATH offline) to "
+            "resume it")
 
 
-def one_budget(s):
-    """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones."""
+def one_budget(s, profile=None):
+    """One budget per tag: a smoke run's numbers (AUTORESEARCH_TIME_BUDGET) never compete with full ones. profile:
+    the tag's recorded data profile (profile_words)."""
     first = next((e for e in s.history if e.get("budget_s") is not None),
                  {"budget_s": s.tag.budget, "budget_like": s.tag.budget_like})
     started, like = first["budget_s"], (first.get("budget_like") or {}).get("name")
     if started != s.tag.budget or like != (s.tag.budget_like or {}).get("name"):
         how = f"--budget-like {like}" if like else "the same AUTORESEARCH_TIME_BUDGET, no --budget-like"
         raise SetupError(f"tag {s.settings.tag!r} was measured with a {started:g} s budget and this run has "
-                         f"{s.tag.budget:g} s: its numbers would not be comparable. Use the same budget "
-                         f"({how}) to resume it, or start a new --tag")
+                         f"{s.tag.budget:g} s: its numbers would not be comparable" + (profile_words(s, profile) or (
+                             f". Use the same budget ({how}) to resume it")) + ", or start a new --tag")
 
 
 def one_rule(s, recorded):
@@ -253,13 +255,14 @@ def sandbox_complete(settings, reason, lacking):
                          "off")
 
 
-def same_frozen_inputs(s, recorded, found):
-    """The frozen inputs (prepare.py, tokenizer, evaluation data, base model) must be the ones the tag started with."""
+def same_frozen_inputs(s, recorded, found, profile=None):
+    """The frozen inputs (prepare.py, tokenizer, evaluation data, base model) must be the ones the tag started with.
+    profile: the tag's recorded data profile (profile_words)."""
     if recorded and recorded[0]["digest"] != found["digest"]:
         raise SetupError(f"the frozen inputs changed since tag {s.settings.tag!r} started (digest "
                          f"{found['digest'][:12]}, recorded {recorded[0]['digest'][:12]}): prepare.py, the tokenizer, "
-                         "the evaluation data or the base model differ, so new results would not be comparable. "
-                         "Restore them, or start a new --tag")
+                         "the evaluation data or the base model differ, so new results would not be comparable"
+                         + (profile_words(s, profile) or ". Restore them") + ", or start a new --tag")
 
 
 def same_hardware(s, recorded, changed):

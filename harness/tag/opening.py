@@ -27,9 +27,9 @@ from harness.errors import SetupError
 from harness.judge.holdout import pinned_env
 from harness.propose.providers import Spend
 from harness.propose.search import STUDY_DB
-from harness.tag.tagview import recorded_profile, tag_state
-from harness.run.target import (FROZEN, check_target, effective_budget, ensure_prepared, own_budget,
-                                read_frozen_constants, run_prepare)
+from harness.tag.tagview import latest_profile, tag_state
+from harness.run.target import (FROZEN, check_target, effective_budget, own_budget, read_frozen_constants,
+                             run_prepare)
 from harness.judge.verdict import DEFAULT_CONFIRM, PAIRED_CONFIRM, rule_of
 from harness.schema import Event
 from harness.tag.session import (RUN_LOG, TRY_LOG, Session, TagConfig, describe, duplicate_of, export_frozen,
@@ -61,8 +61,7 @@ def open_session(settings, profile=None, devices=()):
     checks.numbered(s)
     checks.no_stale_git_locks(s)
     damaged = checks.readable(s)
-    checks.one_profile(s, state.profile)
-    checks.one_budget(s)
+    checks.one_budget(s, state.profile)
     checks.one_rule(s, state.rule)
     check_checkout(s)
     recover_runs(s, state.stale_runs, all_events)
@@ -80,12 +79,6 @@ def open_session(settings, profile=None, devices=()):
     measured_runs(s, all_events)
     s.tracking = tracking.start(s)
     return s, constants
-
-
-def prepared(target, settings):
-    """The target's data prepared (harness.run.target.ensure_prepared): on a fresh machine with settings.source, and
-    with the profile of the tag it resumes (tagview.recorded_profile). Returns `prepare.py --check`'s stdout."""
-    return ensure_prepared(target, settings.source, recorded_profile(target, settings.tag))
 
 
 def records(s):
@@ -432,7 +425,7 @@ def frozen_inputs(s, all_events, tolerance):
     except (json.JSONDecodeError, IndexError):
         raise SetupError(f"prepare.py --frozen-inputs printed no JSON object: {out[-2000:]!r}") from None
     recorded = schema.of(all_events, Event.FROZEN_INPUTS, tag=s.settings.tag)
-    checks.same_frozen_inputs(s, recorded, found)
+    checks.same_frozen_inputs(s, recorded, found, latest_profile(all_events, s.settings.tag))
     env = pinned if recorded else {k: str(v) for k, v in (found.get("env") or {}).items()}
     if not recorded:
         s.log(Event.FROZEN_INPUTS, digest=found["digest"], files=found["files"], evaluator_only=found["evaluator_only"],

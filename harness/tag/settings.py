@@ -323,9 +323,9 @@ def check_common(p, args):
     """The shared flags the parser cannot check alone: a tag that makes a valid, short branch name, an MLflow URI
     (its default filled in)."""
     tag = args.tag
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith(".lock"):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", tag) or ".." in tag or tag.endswith((".", ".lock")):
         p.error(f"--tag {tag!r}: use up to 100 letters, digits, '.', '_' and '-', starting with a letter or digit, "
-                "without '..' and not ending in '.lock' (it names a git branch; e.g. nov30)")
+                "without '..' and not ending in '.' or '.lock' (it names a git branch; e.g. nov30)")
     if args.verdict == "paired" and args.margin is not None:
         p.error("--margin is the margin rule's: use --verdict margin with it (the paired rule has no margin: "
                 "--false-keep-rate sets how sure it must be)")

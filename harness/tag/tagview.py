@@ -8,7 +8,6 @@ logs nothing, creates nothing and takes no lock. The Session derives its best an
 
 import collections
 import dataclasses
-from pathlib import Path
 
 from harness import ledger, schema
 from harness.judge import verdict
@@ -66,8 +65,7 @@ class TagState(Derived):
                             # tags: their first start event's; verdict "margin" before the paired rule), None
                             # before the baseline is recorded (or not recorded at all)
     hardware_epoch: int = 1  # the tag's current hardware epoch (its latest "hardware" event's)
-    profile: str | None = None  # the profile of its data (its latest start event that says one: --new-hardware may
-    #                             move a tag to another profile's machine)
+    profile: str | None = None  # the profile of its data, as its latest start recorded it (latest_profile)
 
 
 def tag_state(all_events, tag):
@@ -94,13 +92,11 @@ def tag_state(all_events, tag):
                     output_tokens=sum(e.get("output_tokens", 0) for e in proposals),
                     stale_runs=stale, rule=rule,
                     hardware_epoch=(schema.last(mine, Event.HARDWARE) or {}).get("epoch", 1),
-                    profile=next((e["profile"] for e in reversed(schema.of(mine, Event.START)) if e.get("profile")),
-                                 None))
+                    profile=latest_profile(mine, tag))
 
 
-def recorded_profile(target, tag):
-    """The profile tag `tag` of the target dir was started on (TagState.profile): the data a fresh machine prepares
-    to resume it. None for a new tag, or one older than the record."""
-    return tag_state(ledger.read_events(Path(target) / ledger.EVENTS), tag).profile
+def latest_profile(events, tag):
+    """The data profile tag `tag`'s latest start recorded (`prepare.py --check`'s `profile:`), None before any did."""
+    return next((e["profile"] for e in reversed(schema.of(events, Event.START, tag=tag)) if e.get("profile")), None)
 
 
