@@ -4,6 +4,7 @@ constants and budget, prices, summary parsing. The loop itself is tested through
 """
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import git
@@ -268,3 +269,31 @@ def test_an_opened_tags_configuration_is_frozen_and_its_state_follows_the_events
     assert (s.best_metric, s.baseline_metric, s.baseline_due, s.next_n) == (None, None, True, 0)
     s.history.append(dict(n=0, status="keep", metric=1.5, description="baseline", hardware_epoch=1))
     assert (s.best_metric, s.baseline_metric, s.baseline_due, s.next_n) == (1.5, 1.5, False, 1)
+
+
+def test_a_runs_forged_event_undone_by_the_guard_never_stops_the_loop_as_a_cut_ledger(target):
+    """A run outside the sandbox appends a line to events.jsonl before the harness logs its own "run" event; the
+    guard then puts the file back to the harness's lines. The bytes the ledger must hold are the harness's own,
+    counted: they were the file's size after each append, forged line included, and the next event stopped the loop
+    with "events.jsonl was cut" (a CI failure, when the run's import beat the "run" event)."""
+    from harness.run import guard
+    from harness.tag import opening, settings
+    s, _ = opening.open_session(settings.parse(["--tag", "t", "--proposer", "random", "--target", str(target),
+                                                "--sandbox", "off"]))
+    events_path = target / "events.jsonl"
+    s.log("warning", reason="before the run")
+    snap = guard.take(s.repo, [events_path])
+    s.live.append(snap)
+    forged = '{"event": "experiment", "tag": "t", "n": 9, "status": "keep", "metric": 0.1}\n'
+    with open(events_path, "a") as f:
+        f.write(forged)
+    s.log("warning", reason="the run started")
+    assert guard.check(s.repo, snap) == ["wrote events.jsonl (restored)"]
+    s.live.remove(snap)
+    s.log("warning", reason="after the run")
+    text = events_path.read_text()
+    assert forged not in text and [json.loads(line).get("reason") for line in text.splitlines()][-3:] == \
+        ["before the run", "the run started", "after the run"]
+    events_path.write_text(text[:-10])                  # a ledger really cut still stops the loop
+    with pytest.raises(Stop, match="was cut to"):
+        s.log("warning", reason="never written")

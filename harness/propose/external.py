@@ -152,6 +152,18 @@ def sync_checkout(s):
     return 0
 
 
+def _delta(event, rule, base):
+    """The delta line of a measured experiment: what it was judged against (the best at the same seeds under the
+    paired rule, else the best's recorded metric); [] when there was no best before it."""
+    if event.get("best_runs") and rule.is_paired:
+        return [("delta", f"{event['metric'] - base:+.6f} vs the best at the same seeds ({base:.6f}; recorded "
+                          f"{event['base_metric']:.6f})")]
+    if event.get("base_metric") is not None:
+        return [("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
+                          f"({event['base_metric']:.6f})")]
+    return []
+
+
 def verdict(s, event, result, synced=True):
     """Print the verdict block of one `try` (key: value lines between '---' and '---', like train.py's summary,
     then the log tail after a crash); result: the experiment.Result (None for the baseline). Returns 0."""
@@ -164,12 +176,7 @@ def verdict(s, event, result, synced=True):
                                                                         "combining with another idea)" if near else "")),
              (s.tag.metric, f"{event['metric']:.6f}" if measured else "- (crash)" if event["status"] == "crash" else
               f"- ({Cancel(**event['cancelled']).words()})")]
-    if event["n"] > 0 and measured and event.get("best_runs") and rule.is_paired:   # what it was judged against
-        lines.append(("delta", f"{event['metric'] - base:+.6f} vs the best at the same seeds ({base:.6f}; recorded "
-                               f"{event['base_metric']:.6f})"))
-    elif event["n"] > 0 and measured and event.get("base_metric") is not None:
-        lines.append(("delta", f"{event['metric'] - event['base_metric']:+.6f} vs the best before it "
-                               f"({event['base_metric']:.6f})"))
+    lines += _delta(event, rule, base) if event["n"] > 0 and measured else []
     runs = event.get("runs") or ([event["metric"]] if measured else [])
     if len(runs) > 1 or result is not None and runs:    # the baseline's (result None): its seeds differ
         judged = result.judged if result is not None else Verdict("keep", tuple(runs))

@@ -103,7 +103,8 @@ class Session(Derived):
     last: str = "-"                     # the last verdict, for the status line
     synced: str | None = None           # the commit whose train.py `try` last wrote into your checkout
     recording: int | None = None        # `try`: the experiment this invocation records (an interrupt's words)
-    events_size: int | None = None      # bytes of events.jsonl after this invocation's last event (None: none yet)
+    events_size: int | None = None      # bytes events.jsonl must hold: its size after this invocation's first event
+    #                                     plus the bytes of every later one (None: none yet)
     start: dict | None = None           # the "start" event's fields, logged before this invocation's first other
     #                                     event (a `try` refused after open_session logs nothing)
     deferred: list = dataclasses.field(default_factory=list)   # [(event, fields)] logged right after "start"
@@ -139,12 +140,16 @@ class Session(Derived):
                     self.log(name, **held)
             ledger.check_size(path, self.events_size)
             record = ledger.log_event(path, self.settings.tag, event, **fields)
-            try:
-                self.events_size = path.stat().st_size
-            except FileNotFoundError:       # deleted right after the append: the next event's check stops the loop
-                self.events_size = max(self.events_size or 0, 1)
+            line = ledger.event_line(record) + "\n"
+            if self.events_size is not None:    # counted, not stat'ed: a run's line appended before it (then
+                self.events_size += len(line.encode())   # undone by the guard) is not this invocation's
+            else:
+                try:
+                    self.events_size = path.stat().st_size
+                except FileNotFoundError:   # deleted right after the append: the next event's check stops the loop
+                    self.events_size = 1
             for snap in self.live:
-                snap.appended(path, ledger.event_line(record) + "\n")
+                snap.appended(path, line)
             return record
 
     def expect_ref(self, ref):
