@@ -134,11 +134,13 @@ def check_size(path, expected):
 
 def log_event(path, tag, event, **fields):
     """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
-    Returns the record (unredacted dict). ValueError if event is not a harness.schema name."""
+    Returns (the record: an unredacted dict, the line written: str, with its newline). ValueError if event is not a
+    harness.schema name."""
     record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": schema.check(event), "tag": tag,
               **fields}
-    files.append_line(path, event_line(record))
-    return record
+    line = event_line(record)
+    files.append_line(path, line)
+    return record, line + "\n"
 
 
 def event_line(record):

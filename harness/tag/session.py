@@ -139,8 +139,7 @@ class Session(Derived):
                 for name, held in deferred:
                     self.log(name, **held)
             ledger.check_size(path, self.events_size)
-            record = ledger.log_event(path, self.settings.tag, event, **fields)
-            line = ledger.event_line(record) + "\n"
+            record, line = ledger.log_event(path, self.settings.tag, event, **fields)
             if self.events_size is not None:    # counted, not stat'ed: a run's line appended before it (then
                 self.events_size += len(line.encode())   # undone by the guard) is not this invocation's
             else:
