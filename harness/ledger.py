@@ -134,13 +134,18 @@ def check_size(path, expected):
 
 def log_event(path, tag, event, **fields):
     """Append one JSON line {ts, event, tag, **fields} to events.jsonl at path, fsynced, secrets redacted.
-    Returns (the record: an unredacted dict, the line written: str, with its newline). ValueError if event is not a
-    harness.schema name."""
+    Returns the record (unredacted dict). ValueError if event is not a harness.schema name."""
+    record, line = event_record(tag, event, **fields)
+    files.append_line(path, line[:-1])
+    return record
+
+
+def event_record(tag, event, **fields):
+    """(the record {ts, event, tag, **fields}: an unredacted dict, its line of events.jsonl: str, secrets redacted,
+    with its newline). ValueError if event is not a harness.schema name."""
     record = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(), "event": schema.check(event), "tag": tag,
               **fields}
-    line = event_line(record)
-    files.append_line(path, line)
-    return record, line + "\n"
+    return record, event_line(record) + "\n"
 
 
 def event_line(record):

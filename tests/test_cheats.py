@@ -100,6 +100,21 @@ def test_forged_event_never_reaches_events_jsonl(target, mode):
 
 
 @pytest.mark.parametrize("mode", SANDBOXES)
+def test_a_second_name_given_to_the_records_is_undone_and_the_run_blamed(target, mode):
+    """A hostile review: a run that hard-links events.jsonl and results.tsv leaves their bytes as they were, so the
+    guard saw nothing and the harness's next append refused the linked file: the loop stopped, blaming its ledger.
+    A link is a change: the records are put back as files of their own and the run is rejected."""
+    code = "".join(f"try:\n    os.link({str(target / name)!r}, {str(target / (name + '.second'))!r})\n"
+                   f"except OSError as e:\n    print(e)\n" for name in ("events.jsonl", "results.tsv"))
+    row, _ = one(target, inject("link the records", code), mode)
+    assert all(os.stat(target / name).st_nlink == 1 for name in ("events.jsonl", "results.tsv"))
+    if mode == "off":
+        assert row[3] == "crash" and "wrote events.jsonl (restored" in row[4] and "wrote results.tsv (restored" in row[4]
+    else:                                               # in the sandbox the files are not even there
+        assert row[1:4] == ["1.108000", "0.0", "discard"]
+
+
+@pytest.mark.parametrize("mode", SANDBOXES)
 def test_git_commits_from_the_run_never_reach_the_branch(target, mode):
     repo = str(target)
     code = (f"r = subprocess.run(['git', '-C', {repo!r}, 'commit', '-q', '--allow-empty', '-m', 'forged'])\n"

@@ -5,6 +5,7 @@ constants and budget, prices, summary parsing. The loop itself is tested through
 
 import dataclasses
 import json
+import os
 from types import SimpleNamespace
 
 import git
@@ -297,3 +298,38 @@ def test_a_runs_forged_event_undone_by_the_guard_never_stops_the_loop_as_a_cut_l
     events_path.write_text(text[:-10])                  # a ledger really cut still stops the loop
     with pytest.raises(Stop, match="was cut to"):
         s.log("warning", reason="never written")
+
+
+@pytest.mark.parametrize("change", ["cut", "link", "fifo"])
+def test_a_record_a_run_changes_while_the_harness_writes_is_put_back_and_the_run_blamed(target, change):
+    """A hostile review: with a run outside the sandbox in flight, the harness logs (a proposal made ahead, another
+    device's verdict). The run had cut events.jsonl, made it a symbolic link or a FIFO: the loop stopped ("was cut
+    to 0 bytes", "is a symbolic link"), blaming the ledger for the run's doing. Now the file is put back with the
+    harness's line, and the run's check still reports it."""
+    from harness.run import guard
+    from harness.tag import opening, settings
+    s, _ = opening.open_session(settings.parse(["--tag", "t", "--proposer", "random", "--target", str(target),
+                                                "--sandbox", "off"]))
+    events_path = target / "events.jsonl"
+    s.log("warning", reason="before the run")
+    snap = guard.take(s.repo, [events_path])
+    s.live.append(snap)
+    kept = events_path.read_bytes()
+    events_path.unlink()
+    if change == "cut":
+        events_path.write_bytes(kept[:5])
+    elif change == "link":
+        (target / "elsewhere.jsonl").write_bytes(kept)
+        events_path.symlink_to(target / "elsewhere.jsonl")
+    else:
+        os.mkfifo(events_path)
+    s.log("warning", reason="while the run trains")
+    assert events_path.is_file() and not events_path.is_symlink()
+    assert guard.check(s.repo, snap) == ["wrote events.jsonl (restored)"]
+    s.live.remove(snap)
+    s.log("warning", reason="after the run")
+    assert [json.loads(line).get("reason") for line in events_path.read_text().splitlines()] == \
+        [json.loads(line).get("reason") for line in kept.decode().splitlines()] + ["while the run trains",
+                                                                                  "after the run"]
+    if change == "link":
+        assert (target / "elsewhere.jsonl").read_bytes() == kept      # the link's target is never written through

@@ -7,7 +7,7 @@ kept, the printed line, MLflow, the dashboard. Another sink (a webhook, W&B) is 
 sink's failure must be its own warning, never a lost experiment.
 """
 
-from harness import console, files, gitops, ledger
+from harness import console, gitops, ledger
 from harness.judge import holdout
 from harness.propose import search
 from harness.record import dashboard, tracking
@@ -34,9 +34,7 @@ class Ledger(Sink):
     def on_record(self, s, event, result, context):
         gitops.add_note(s.repo, event["full_commit"], ledger.note_text(event, s.tag.metric))
         s.expect_ref(gitops.NOTES_REF)
-        files.append_line(s.tag.target / ledger.RESULTS, ledger.results_row(event))
-        for snap in s.live:
-            snap.appended(s.tag.target / ledger.RESULTS, ledger.results_row(event) + "\n")
+        s.append_own(s.tag.target / ledger.RESULTS, ledger.results_row(event) + "\n")
 
 
 class Study(Sink):

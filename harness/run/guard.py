@@ -12,12 +12,14 @@ left as it is.
 
 import dataclasses
 import os
+import stat
 import time
 from pathlib import Path
 
 from harness.gitops import changed_files
 from harness.run.runner import file_hash   # a FIFO or link left in your checkout is never read
 
+LINKED = object()        # _own_bytes of a link or a file that is not a regular one
 HARNESS_REFS = ("refs/heads/autoresearch/", "refs/autoresearch/")    # the ratchet branches and candidate refs
 
 
@@ -28,6 +30,7 @@ class Snapshot:
     dirty: dict             # rel path -> sha256 of the tracked files that differed from HEAD before the run
     own: dict               # Path -> bytes of the harness's own files (None: did not exist)
     dirs: dict              # Path -> set of the file names in a directory the harness owns whole (git hooks)
+    put_back: set = dataclasses.field(default_factory=set)   # own files put back while the run was in flight
 
     def appended(self, path, text):
         """The harness itself appended text to its own file `path` since the snapshot (an event): expect it."""
@@ -88,10 +91,10 @@ def _check_own(snap, keep_dir=None, root=None, others=()):
     when inside it; the other live snapshots told); what was changed, as in check()."""
     found = []
     for path, data in snap.own.items():
-        current = path.read_bytes() if path.is_file() else None
-        if current != data:
+        current = _own_bytes(path)
+        if current != data or path in snap.put_back:
             saved = ""
-            if current is not None and keep_dir is not None:
+            if isinstance(current, bytes) and current != data and keep_dir is not None:
                 keep = Path(keep_dir) / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
                 keep = next(k for i in range(1000) if not (k := keep.with_name(f"{keep.name}{f'-{i}' if i else ''}"))
                             .exists())
@@ -108,6 +111,31 @@ def _check_own(snap, keep_dir=None, root=None, others=()):
                 (folder / new).unlink()
             found.append(f"created {folder.name}/{new} (deleted)")
     return found
+
+
+def put_back(snaps, path, line):
+    """A run in flight changed the harness's own file `path` (cut it, linked it, replaced it) before the harness could
+    append `line` (str, with its newline): write what the oldest snapshot of `snaps` expects plus line, atomically
+    (a new file: never through a link, never appended to a file the run still holds), and mark it in every snapshot,
+    so that each run's check still reports the change."""
+    path = Path(path)
+    data = (snaps[0].own.get(path) or b"") + line.encode("utf-8")
+    _restore(path, data)
+    for snap in snaps:
+        snap.restored(path, data)
+        snap.put_back.add(path)
+
+
+def _own_bytes(path):
+    """The bytes of a harness file; None when there is none; LINKED when it is a link, one of several names of a
+    file, or not a regular file (a FIFO): never equal to what the harness expects, so put back."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        return LINKED
+    return path.read_bytes()
 
 
 def _refs(repo):

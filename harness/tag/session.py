@@ -22,9 +22,10 @@ from pathlib import Path
 
 import git
 
-from harness import console, gitops, ledger
+from harness import console, files, gitops, ledger
+from harness.errors import Stop
 from harness.propose import memory, prompts
-from harness.run import runner
+from harness.run import guard, runner
 from harness.propose.edits import fingerprint
 from harness.gitops import git_blob_sha
 from harness.propose.providers import Spend
@@ -138,8 +139,8 @@ class Session(Derived):
                     self.log(Event.START, **start)
                 for name, held in deferred:
                     self.log(name, **held)
-            ledger.check_size(path, self.events_size)
-            record, line = ledger.log_event(path, self.settings.tag, event, **fields)
+            record, line = ledger.event_record(self.settings.tag, event, **fields)
+            self.append_own(path, line, self.events_size)
             if self.events_size is not None:    # counted, not stat'ed: a run's line appended before it (then
                 self.events_size += len(line.encode())   # undone by the guard) is not this invocation's
             else:
@@ -147,9 +148,24 @@ class Session(Derived):
                     self.events_size = path.stat().st_size
                 except FileNotFoundError:   # deleted right after the append: the next event's check stops the loop
                     self.events_size = 1
+            return record
+
+    def append_own(self, path, line, expected=None):
+        """Append line (with its newline) to the harness's own record `path` (events.jsonl: holding at least the
+        `expected` bytes, ledger.check_size) and tell the runs in flight. One of them, outside the sandbox, may have
+        cut, linked or replaced it meanwhile: the file is then put back with the line (guard.put_back), the run still
+        blamed by its check, instead of the loop stopping for the run's doing. Raises Stop with no run in flight."""
+        with self.lock:
+            try:
+                ledger.check_size(path, expected)
+                files.append_line(path, line[:-1])
+            except Stop:
+                if not self.live or Path(path) not in self.live[0].own:
+                    raise
+                guard.put_back(self.live, path, line)
+                return
             for snap in self.live:
                 snap.appended(path, line)
-            return record
 
     def expect_ref(self, ref):
         """The harness itself just moved `ref`: the runs in flight must not be blamed for it (nor have it undone)."""
