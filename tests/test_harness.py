@@ -17,6 +17,7 @@ from harness.propose.edits import EditError, apply_answer
 from harness.errors import SetupError, Stop
 from harness.propose.perturb import grid, moves, numeric_constants
 from harness.propose.providers import price
+from harness.run import guard
 from harness.run.runner import Kind, Outcome, parse_summary, read_metric
 from harness.run.target import default_timeout, effective_budget, own_budget, read_frozen_constants
 
@@ -272,12 +273,9 @@ def test_an_opened_tags_configuration_is_frozen_and_its_state_follows_the_events
     assert (s.best_metric, s.baseline_metric, s.baseline_due, s.next_n) == (1.5, 1.5, False, 1)
 
 
-def test_a_runs_forged_event_undone_by_the_guard_never_stops_the_loop_as_a_cut_ledger(target):
-    """A run outside the sandbox appends a line to events.jsonl before the harness logs its own "run" event; the
-    guard then puts the file back to the harness's lines. The bytes the ledger must hold are the harness's own,
-    counted: they were the file's size after each append, forged line included, and the next event stopped the loop
-    with "events.jsonl was cut" (a CI failure, when the run's import beat the "run" event)."""
-    from harness.run import guard
+def session_with_a_run_in_flight(target):
+    """(the tiny target's Session unsandboxed, its events.jsonl, the guard's snapshot of it for a run in flight), one
+    event logged before the snapshot."""
     from harness.tag import opening, settings
     s, _ = opening.open_session(settings.parse(["--tag", "t", "--proposer", "random", "--target", str(target),
                                                 "--sandbox", "off"]))
@@ -285,6 +283,15 @@ def test_a_runs_forged_event_undone_by_the_guard_never_stops_the_loop_as_a_cut_l
     s.log("warning", reason="before the run")
     snap = guard.take(s.repo, [events_path])
     s.live.append(snap)
+    return s, events_path, snap
+
+
+def test_a_runs_forged_event_undone_by_the_guard_never_stops_the_loop_as_a_cut_ledger(target):
+    """A run outside the sandbox appends a line to events.jsonl before the harness logs its own "run" event; the
+    guard then puts the file back to the harness's lines. The bytes the ledger must hold are the harness's own,
+    counted: they were the file's size after each append, forged line included, and the next event stopped the loop
+    with "events.jsonl was cut" (a CI failure, when the run's import beat the "run" event)."""
+    s, events_path, snap = session_with_a_run_in_flight(target)
     forged = '{"event": "experiment", "tag": "t", "n": 9, "status": "keep", "metric": 0.1}\n'
     with open(events_path, "a") as f:
         f.write(forged)
@@ -306,14 +313,7 @@ def test_a_record_a_run_changes_while_the_harness_writes_is_put_back_and_the_run
     device's verdict). The run had cut events.jsonl, made it a symbolic link or a FIFO: the loop stopped ("was cut
     to 0 bytes", "is a symbolic link"), blaming the ledger for the run's doing. Now the file is put back with the
     harness's line, and the run's check still reports it."""
-    from harness.run import guard
-    from harness.tag import opening, settings
-    s, _ = opening.open_session(settings.parse(["--tag", "t", "--proposer", "random", "--target", str(target),
-                                                "--sandbox", "off"]))
-    events_path = target / "events.jsonl"
-    s.log("warning", reason="before the run")
-    snap = guard.take(s.repo, [events_path])
-    s.live.append(snap)
+    s, events_path, snap = session_with_a_run_in_flight(target)
     kept = events_path.read_bytes()
     events_path.unlink()
     if change == "cut":
