@@ -26,6 +26,7 @@ run/ (one run of one commit, wherever it goes)
     phases      where a device's wall time goes: a run's phases and the training share
     runner      run one commit's train.py with a timeout, evaluate it separately -> Outcome
                 (Outcome.kind: ok, crash, timeout, rejected, overtime, lost, node, cancelled)
+    evaluator   the separate evaluator's process: after training (cold), or started with it (warm)
     processes   a run's process group: its log, ticks, the kill of the group and its strays; stale runs killed
     sandbox     the bubblewrap view train.py and the evaluator run in (allow-list, root confined, no network)
     view        what of this machine the sandbox shows, as paths: the system, the environment, what is no system's

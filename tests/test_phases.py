@@ -1,13 +1,15 @@
 """
 Where a device's wall time goes (issue 40 part 2): a run's phases from its summary and the harness's clocks, the
-pool's shares (the training share first), and the probe after one run standing for the next run's probe before.
+pool's shares (the training share first), the probe after one run standing for the next run's probe before, and the
+separate evaluator started with train.py (its start-up off the critical path).
 """
 
+import os
 import time
 
 import pytest
 
-from harness.run import phases, pool
+from harness.run import phases, pool, runner
 from harness.run.pool import Device, Pool
 from harness.run.runner import Outcome
 
@@ -78,3 +80,71 @@ def test_the_probe_after_a_run_stands_for_the_next_ones_before_only_on_one_devic
     assert q.shared_probe(two[0]) is None
     for each in (p, q):
         each.executor.shutdown()
+
+
+WARM_MARK = """import os, time
+with open("warm.started", "a") as f:            # once per process that imports it
+    f.write(f"{time.time()} {os.getpid()}\\n")
+"""
+WARM_PREPARE = """import os, sys
+import warmmark                                 # imported by the warm evaluator while train.py still trains
+if __name__ == "__main__":
+    assert sys.argv[1] == "--evaluate" and os.path.basename(__file__) == "prepare.py", sys.argv
+    print(f"evaluated by {os.getpid()}")
+    print("---\\nval_bpb: " + open(sys.argv[2]).read())
+"""
+
+
+def warm_run(tmp_path, train):
+    """runner.run of `train` (train.py's text) with a warm evaluator (no sandbox: warm_wrap is the identity) whose
+    prepare.py prints the artifact's text as val_bpb; its time limit, 2 s, is shorter than the training.
+    Returns (the Outcome, the log's text, [(time, pid)] of each import of warmmark)."""
+    frozen, run_dir = tmp_path / "frozen", tmp_path / "run"
+    frozen.mkdir()
+    run_dir.mkdir()
+    (frozen / "warmmark.py").write_text(WARM_MARK)
+    (frozen / "prepare.py").write_text(WARM_PREPARE)
+    (run_dir / "train.py").write_text(train)
+    made = []
+    evaluation = runner.Evaluation(prepare_dir=frozen, artifact=run_dir / "model.json", timeout=2.0,
+                                   setup=lambda: made.append(time.time()), warm_wrap=lambda argv: argv)
+    spec = runner.RunSpec(commit="c0ffee", cwd=run_dir, log=tmp_path / "run.log", metric="val_bpb", timeout=60,
+                          evaluation=evaluation)
+    outcome = runner.run(spec)
+    assert len(made) == 1                               # the pristine copy, made once, before the evaluator started
+    marks = [(float(t), int(pid)) for t, pid in (line.split() for line in
+                                                  (frozen / "warm.started").read_text().splitlines())] \
+        if (frozen / "warm.started").exists() else []
+    return outcome, spec.log.read_text(), marks
+
+
+def test_the_evaluator_starts_with_train_py_and_scores_the_artifact_once_training_ends(tmp_path):
+    """The evaluator's start-up (its imports) overlaps the training, not the critical path: it imported prepare.py's
+    modules before train.py wrote the artifact, scored it in that same process, its output after the log's marker;
+    its time limit counts from the artifact (2 s, training 2.5 s), and it is gone afterwards."""
+    outcome, log, marks = warm_run(tmp_path, "import time\ntime.sleep(2.5)\nt = time.time()\n"
+                                             "open('model.json', 'w').write('0.75')\nopen('end', 'w').write(str(t))\n")
+    assert outcome.kind is runner.Kind.OK and outcome.metric == 0.75, (outcome.reason, log)
+    [(started, pid)] = marks
+    assert started < float((tmp_path / "run" / "end").read_text()) - 1.0   # well before the artifact existed
+    section = log.split("=== separate evaluation")[1]
+    assert f"evaluated by {pid}" in section and "val_bpb: 0.75" in section and "val_bpb" not in log.split("===")[0]
+    assert outcome.eval_seconds < 2.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+WAIT_FOR_WARM = "import os, sys, time\nwhile not os.path.exists('../frozen/warm.started'):\n    time.sleep(0.05)\n"
+
+
+@pytest.mark.parametrize("end", ["sys.exit(3)\n", "print('no artifact')\n"])
+def test_a_run_that_leaves_nothing_to_score_kills_its_waiting_evaluator(tmp_path, end):
+    """train.py crashed, or wrote no artifact, once the evaluator started with it was waiting: it is killed, never
+    told anything, and nothing of it is in the log."""
+    outcome, log, marks = warm_run(tmp_path, WAIT_FOR_WARM + end)
+    assert outcome.kind is runner.Kind.CRASH and outcome.metric is None, outcome.reason
+    assert "separate evaluation" not in log and "evaluated by" not in log
+    assert len(marks) == 1
+    for _, pid in marks:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -90,7 +90,10 @@ class Local:
             evaluation = runner.Evaluation(
                 prepare_dir=spec.frozen_dir, artifact=artifact, digest=spec.evaluation["digest"],
                 tolerance=spec.evaluation["tolerance"], own_required=box is None, setup=spec.fresh_frozen,
-                wrap=eval_wrap, timeout=spec.evaluation.get("timeout"))
+                wrap=eval_wrap, timeout=spec.evaluation.get("timeout"),
+                # sandboxed, the pristine copy is out of train.py's reach, so the evaluator may start with the run
+                # (its view: the run dir read-only, where the artifact will be); unsandboxed, after it, as it was
+                warm_wrap=(lambda argv: box.evaluate(argv, spec.frozen_dir, spec.run_dir, gpu)) if box else None)
         run = runner.RunSpec(
             commit=spec.commit, cwd=spec.run_dir, log=spec.log, metric=spec.metric, timeout=spec.timeout,
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: box.train(argv, spec.run_dir, gpu)) if box else (lambda a: a),

@@ -58,34 +58,41 @@ def run_process(argv, cwd, log_path, env, timeout, on_start, on_tick, append=Fal
     (Ctrl-C) the whole group is killed; so are stray children of a run that exited. With peak (a usage.Peak), its
     process tree is sampled about once a second and the leader's rusage added when it is reaped. Returns (returncode
     or None on timeout, seconds, timed_out)."""
-    t0 = time.monotonic()
     ours = children()                       # anything else that turns up as our child afterwards is the run's
     with open_unnamed(log_path, append) as log:
         proc, token = start(argv, env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            on_start(proc.pid)
-            while True:
-                elapsed = time.monotonic() - t0
-                if elapsed >= timeout:
-                    kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
-                    kill_strays(ours, token)    # the token too: left live, its strays were no run's to kill
-                    killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
-                    return None, time.monotonic() - t0, True
-                on_tick(elapsed)
-                reap_dead(ours, token)
-                if peak is not None:
-                    peak.sample(proc.pid, f"{RUN_TOKEN}={token}".encode())
-                try:
-                    rc = wait(proc, min(1.0, timeout - elapsed), peak)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-        except BaseException as e:
-            kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
-            kill_strays(ours, token)
-            killed(log, time.monotonic() - t0, "cancelled early: its learning curve fell behind the best's"
-                   if isinstance(e, Cancelled) else "the harness was interrupted (Ctrl-C or SIGTERM)")
-            raise
+        return watch(proc, token, ours, log, timeout, on_start, on_tick, peak)
+
+
+def watch(proc, token, ours, log, timeout, on_start=lambda pid: None, on_tick=lambda elapsed: None, peak=None):
+    """Wait for proc (started by start() with this token; ours: our children before it) for at most timeout seconds
+    from now, ticking about once a second; then, or on any exception, kill its group and its strays, the reason
+    written to log (its binary output file). Returns (returncode or None on timeout, seconds, timed_out)."""
+    t0 = time.monotonic()
+    try:
+        on_start(proc.pid)
+        while True:
+            elapsed = time.monotonic() - t0
+            if elapsed >= timeout:
+                kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
+                kill_strays(ours, token)    # the token too: left live, its strays were no run's to kill
+                killed(log, time.monotonic() - t0, f"the {timeout:.0f}s timeout")
+                return None, time.monotonic() - t0, True
+            on_tick(elapsed)
+            reap_dead(ours, token)
+            if peak is not None:
+                peak.sample(proc.pid, f"{RUN_TOKEN}={token}".encode())
+            try:
+                rc = wait(proc, min(1.0, timeout - elapsed), peak)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+    except BaseException as e:
+        kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
+        kill_strays(ours, token)
+        killed(log, time.monotonic() - t0, "cancelled early: its learning curve fell behind the best's"
+               if isinstance(e, Cancelled) else "the harness was interrupted (Ctrl-C or SIGTERM)")
+        raise
     seconds = time.monotonic() - t0
     kill_group(proc.pid, proc, lambda: reap_dead(ours, token))
     kill_strays(ours, token)

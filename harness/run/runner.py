@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from harness.run import conditions, phases, usage
+from harness.run import conditions, evaluator, phases, usage
 from harness.run.processes import Cancelled, run_process
 from harness.redact import clean_env, redact
 
@@ -39,6 +39,9 @@ class Evaluation:
     setup: Callable = lambda: None          # called right before the evaluator starts (e.g. a fresh pristine copy)
     wrap: Callable = lambda argv: argv      # e.g. a sandbox; identity by default
     timeout: float | None = None            # seconds the evaluator may take (None: the run's timeout)
+    warm_wrap: Callable | None = None       # the evaluator's view with the artifact's folder in it (a sandbox): the
+    #                                         evaluator starts with the run and waits for the artifact (evaluator.Warm); None:
+    #                                         it starts after training, with wrap
 
 
 @dataclasses.dataclass
@@ -141,11 +144,25 @@ def run(spec):
     train.py's own); raises only what interrupts the harness itself (KeyboardInterrupt), after killing the run. With
     spec.cancel, training stops early when its rule says so (Kind.CANCELLED, outcome.cancel), unless the speed probe
     before it differs from the best's (the curves would not be comparable). Rejections (Kind.REJECTED) are runs whose
-    result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result."""
+    result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result. With an Evaluation's warm_wrap
+    the evaluator starts with train.py and waits for the artifact (evaluator.Warm); it is killed however the run ends."""
+    warm = []                               # the evaluator.Warm, once _run has started it
+    try:
+        return _run(spec, warm)
+    finally:
+        for each in warm:
+            each.close()
+
+
+def _run(spec, warm):
+    """run's body; it appends the evaluator.Warm it starts to warm."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before, probing = (spec.probed, 0.0) if spec.probed else probe_now(spec)   # probing: the probes' wall seconds
     limit = timeout_s(spec.timeout, before[0])
+    if spec.evaluation is not None and spec.evaluation.warm_wrap is not None:
+        warm.append(evaluator.Warm(spec.evaluation, run_env(spec), interpreter()))   # after the probe (it
+        #                                   would slow it), with train.py's start-up
     spec.on_phase("training")
     try:
         rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
@@ -188,7 +205,7 @@ def run(spec):
         outcome.metric, outcome.reason = own, own_problem
         outcome.kind = Kind.OK if own is not None else Kind.CRASH
     else:
-        evaluate(spec, outcome)
+        evaluate(spec, outcome, warm[0] if warm else None)
     if outcome.metric is not None:          # karpathy's rows: a run without a result records 0.0
         outcome.memory_gb, outcome.memory_source = peak.memory_gb(), peak.source
     outcome.phases = phases.split(summary if rc == 0 and not timed_out else {}, seconds, probing, outcome.eval_seconds)
@@ -227,10 +244,11 @@ def watched(spec, probe_s):
     return tick
 
 
-def evaluate(spec, outcome):
-    """The separate evaluation: the pristine prepare.py scores the artifact in a fresh process; its output is
-    appended to the run's log. Sets outcome.metric, or outcome.reason when the artifact is missing or unloadable,
-    the frozen inputs changed, or train.py's own number disagrees with the evaluator's beyond the tolerance."""
+def evaluate(spec, outcome, warm=None):
+    """The separate evaluation: the pristine prepare.py scores the artifact in a fresh process (warm: the evaluator.Warm
+    started with the run, told the artifact now); its output is appended to the run's log. Sets outcome.metric, or
+    outcome.reason when the artifact is missing or unloadable, the frozen inputs changed, or train.py's own number
+    disagrees with the evaluator's beyond the tolerance."""
     ev = spec.evaluation
     if not os.path.lexists(ev.artifact):
         outcome.fail(Kind.CRASH, "crash: no model artifact: train.py must hand its model to the frozen evaluation "
@@ -245,16 +263,15 @@ def evaluate(spec, outcome):
             f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
             "data (without the sandbox its own number is checked against the evaluator's)"))
         return
-    ev.setup()
+    if warm is None:
+        ev.setup()
     spec.on_phase("evaluating")
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")
         offset = log.tell()                 # the evaluator's output starts here, however long train.py's log was
     t0, limit = time.monotonic(), ev.timeout or timeout_s(spec.timeout)
-    rc, _, timed_out = run_process(ev.wrap([interpreter(), str(ev.prepare_dir / "prepare.py"), "--evaluate",
-                                            str(ev.artifact)]), ev.prepare_dir, spec.log,
-                                   run_env(spec), limit, lambda pgid: None, spec.on_tick,
-                                   append=True)
+    rc, timed_out = (warm or evaluator.Cold(ev, run_env(spec), interpreter())).evaluate(limit, spec.log,
+                                                                                       spec.on_tick)
     outcome.eval_seconds = time.monotonic() - t0
     if timed_out:       # a model too slow to score, or a machine too slow or busy: not a bug a fix could mend
         outcome.fail(Kind.TIMEOUT, f"{EVAL_TIMEOUT} after {limit:.0f}s: the frozen evaluator did not finish scoring "

@@ -15,7 +15,8 @@ The view is built up from nothing, never "everything minus a list". A sandboxed 
 - what the target declares it reads (prepare.py --frozen-inputs: "train_reads" for train.py, "eval_reads" for the
   evaluator: the GRPO base model's pinned snapshot is one; no other model of the Hugging Face cache), read-only,
   with the evaluator-only files hidden from train.py even inside those;
-- train.py: its run directory read-write; the evaluator: its pristine copy (its cwd) and the artifact, read-only;
+- train.py: its run directory read-write; the evaluator: its pristine copy (its cwd) and the artifact (the run
+  directory, where it starts with train.py: harness.run.runner.Warm), read-only;
 - a private empty /tmp, /var/tmp and /dev/shm; nothing else: no home directory, no repository, no other copy of
   the data, no host socket, no network.
 Root is confined: every capability dropped, uid and gid nobody in a user namespace of its own with no further user
@@ -40,7 +41,7 @@ from harness.run.runner import interpreter
 
 PROTECTIONS = (
     "an allow-list view: the system, the Python environment, the data and models the target declares and the "
-    "run's own directory (the evaluator: its pristine copy and the artifact); no home, no repository, no other "
+    "run's own directory (the evaluator: its pristine copy and the artifact's run directory, read-only); no home, no repository, no other "
     "model, no host sockets",
     "read-only everywhere except the run directory and a private /tmp and /dev/shm",
     "root confined: every capability dropped, uid nobody in its own user namespace, a seccomp filter (no mount, "
@@ -136,7 +137,8 @@ def train_argv(argv, run_dir, inputs, gpu, hide=(), also=()):
 
 def eval_argv(argv, frozen_dir, artifact, inputs, gpu):
     """The sandboxed argv of the separate evaluator: the view above with its pristine copy as its cwd, the target's
-    eval_reads and the artifact, all read-only; no run dir."""
+    eval_reads and the artifact (or, for an evaluator started before training ends, the run dir it will be written
+    in), all read-only; nothing writable."""
     return wrap(argv, run_dir=None, chdir=frozen_dir, expose=[*eval_reads(inputs), Path(frozen_dir), Path(artifact)],
                 gpu=gpu)
 

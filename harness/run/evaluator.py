@@ -1,0 +1,98 @@
+"""
+HARNESS: the separate evaluator's process, for harness.run.runner: Cold starts `prepare.py --evaluate ARTIFACT` once
+the artifact exists; Warm starts with train.py, does prepare.py's imports while it trains and is told the artifact
+when it is there (the start-up off the critical path: issue 40 part 2).
+"""
+
+import shutil
+import subprocess
+import tempfile
+
+from harness.run import processes
+
+
+# The warm evaluator's program (a constant: nothing of a run's is in it). argv: prepare.py's path. It imports what
+# prepare.py imports at its top level, and what torch.export.load imports on first use, then waits for one line, the
+# artifact's path, and runs prepare.py --evaluate PATH as `python prepare.py` would (its folder first on sys.path,
+# __main__). An end of input without a line (the harness gone or the run failed) exits at once.
+WARM_PROGRAM = """
+import ast, importlib, runpy, sys
+path = sys.argv[1]
+names = []
+for node in ast.parse(open(path, "rb").read()).body:
+    if isinstance(node, ast.Import):
+        names += [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names.append(node.module)
+if "torch" in names:
+    names += ["torch.export.pt2_archive._package", "torch._export.serde.serialize"]
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+line = sys.stdin.readline()
+if not line.endswith("\\n"):
+    sys.exit(0)
+sys.argv = [path, "--evaluate", line[:-1]]
+sys.path[0] = path.rsplit("/", 1)[0]
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+class Cold:
+    """The separate evaluator started once the artifact exists: `python prepare.py --evaluate ARTIFACT` through
+    ev.wrap (ev: a runner.Evaluation; env: the run's environment; python: the interpreter's path)."""
+
+    def __init__(self, ev, env, python):
+        self.ev, self.env, self.python = ev, env, python
+
+    def evaluate(self, limit, log_path, on_tick):
+        """Run it for at most limit seconds (ticking), its output appended to log_path. Returns (returncode or None,
+        timed_out)."""
+        ev = self.ev
+        rc, _, timed_out = processes.run_process(
+            ev.wrap([self.python, str(ev.prepare_dir / "prepare.py"), "--evaluate", str(ev.artifact)]),
+            ev.prepare_dir, log_path, self.env, limit, lambda pgid: None, on_tick, append=True)
+        return rc, timed_out
+
+
+class Warm:
+    """The separate evaluator started with train.py (ev.warm_wrap: its view holds the run dir read-only, where the
+    artifact will be; env, python: as Cold's): the pristine copy is made first (Evaluation.setup), then a fresh process imports what
+    prepare.py needs and waits, so the evaluation after training pays no start-up (about 4 s of torch and
+    torch.export imports on a CPU). Its output goes to an unnamed file, appended to the run's log after it ends.
+    evaluate() tells it the artifact and waits; close() kills it if it still waits (train.py failed, Ctrl-C)."""
+
+    def __init__(self, ev, env, python):
+        ev.setup()
+        self.ours = processes.children()
+        self.out = tempfile.TemporaryFile()
+        argv = ev.warm_wrap([python, "-c", WARM_PROGRAM, str(ev.prepare_dir / "prepare.py")])
+        self.proc, self.token = processes.start(argv, env, cwd=ev.prepare_dir, stdin=subprocess.PIPE,
+                                                stdout=self.out, stderr=subprocess.STDOUT)
+        self.artifact, self.waited = ev.artifact, False
+
+    def evaluate(self, limit, log_path, on_tick):
+        """Tell it the artifact, wait at most limit seconds (ticking), append its output to log_path. Returns
+        (returncode or None, timed_out)."""
+        self.waited = True
+        try:
+            self.proc.stdin.write(f"{self.artifact}\n".encode())
+            self.proc.stdin.close()
+        except OSError:                     # it died before the artifact came: its output and exit code say why
+            pass
+        try:
+            rc, _, timed_out = processes.watch(self.proc, self.token, self.ours, self.out, limit, on_tick=on_tick)
+        finally:
+            self.out.seek(0)
+            with open(log_path, "ab") as log:
+                shutil.copyfileobj(self.out, log)
+        return rc, timed_out
+
+    def close(self):
+        """Kill it, and its strays, unless evaluate() waited for it; its output file goes."""
+        if not self.waited:
+            processes.kill_group(self.proc.pid, self.proc)
+            processes.kill_strays(self.ours, self.token)
+        self.out.close()
