@@ -328,8 +328,15 @@ def run_chain(tmp_path, generations, leader):
 
 def test_a_runs_dead_are_reaped_while_it_runs(tmp_path):
     before = processes.children()
-    seen, _ = run_chain(tmp_path, 2000, "while not os.path.exists('done'):\n    time.sleep(0.01)\n"
-                                        "done = time.monotonic()\ntime.sleep(2.5)")
+    # the leader reaps its own child (the chain's first), waits until the chain's group is gone, i.e. its last dead
+    # reaped by a tick (at most 20 s), then 1.5 s more: the last tick sees none (before, under load the chain's last
+    # exit could fall after the last tick's reap)
+    seen, _ = run_chain(tmp_path, 2000, "os.wait()\nwhile not os.path.exists('done'):\n    time.sleep(0.01)\n"
+                                        "pgid, t0 = int(Path('pgid').read_text()), time.monotonic()\n"
+                                        "while time.monotonic() < t0 + 20:\n"
+                                        "    try:\n        os.killpg(pgid, 0)\n    except ProcessLookupError:\n"
+                                        "        break\n    time.sleep(0.01)\n"
+                                        "time.sleep(1.5)")
     assert (tmp_path / "done").exists()
     print("zombies at each tick:", seen)
     assert list(seen.values())[-1] == 0             # a tick after the chain ended reaped its 2000 dead
