@@ -95,15 +95,18 @@ if __name__ == "__main__":
 """
 
 
-def warm_run(tmp_path, train):
+def warm_run(tmp_path, train, prepare=WARM_PREPARE, **modules):
     """runner.run of `train` (train.py's text) with a warm evaluator (no sandbox: warm_wrap is the identity) whose
-    prepare.py prints the artifact's text as val_bpb; its time limit, 2 s, is shorter than the training.
-    Returns (the Outcome, the log's text, [(time, pid)] of each import of warmmark)."""
+    prepare.py (default: it prints the artifact's text as val_bpb) and modules ({name: text}, beside it) are given;
+    its time limit, 2 s, is shorter than the training. Returns (the Outcome, the log's text, [(time, pid)] of each
+    import of warmmark)."""
     frozen, run_dir = tmp_path / "frozen", tmp_path / "run"
     frozen.mkdir()
     run_dir.mkdir()
     (frozen / "warmmark.py").write_text(WARM_MARK)
-    (frozen / "prepare.py").write_text(WARM_PREPARE)
+    (frozen / "prepare.py").write_text(prepare)
+    for name, text in modules.items():
+        (frozen / f"{name}.py").write_text(text)
     (run_dir / "train.py").write_text(train)
     made = []
     evaluation = runner.Evaluation(prepare_dir=frozen, artifact=run_dir / "model.json", timeout=2.0,
@@ -148,3 +151,27 @@ def test_a_run_that_leaves_nothing_to_score_kills_its_waiting_evaluator(tmp_path
     for _, pid in marks:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+ORDERED_PREPARE = """\"\"\"A target whose imports read sys.argv and an environment variable its own code sets.\"\"\"
+import os, sys
+import argmod                                   # a leading import: imported warm, with the evaluator's argv
+os.environ["EVAL_MODE"] = "scoring"
+import envmod                                   # after a statement: left to prepare.py, so it sees EVAL_MODE
+if __name__ == "__main__":
+    print(f"argv at import {argmod.ARGV}, mode at import {envmod.MODE}")
+    print("---\\nval_bpb: " + open(sys.argv[2]).read())
+"""
+
+
+def test_prepare_pys_imports_see_what_they_would_see_in_a_cold_start(tmp_path):
+    """A hostile review's robustness findings: an import that parses sys.argv saw the warm program's argv (and its
+    SystemExit was not caught), and a module imported after prepare.py sets a variable was imported before it.
+    The warm evaluator imports only the leading imports, with the argv of `prepare.py --evaluate ARTIFACT`."""
+    outcome, log, _ = warm_run(
+        tmp_path, "import time\ntime.sleep(2.5)\nopen('model.json', 'w').write('0.5')\n", ORDERED_PREPARE,
+        argmod="import argparse, sys\np = argparse.ArgumentParser()\np.add_argument('--evaluate')\n"
+               "ARGV = p.parse_args().evaluate.rsplit('/', 1)[1]\n",
+        envmod="import os\nMODE = os.environ.get('EVAL_MODE', 'unset')\n")
+    assert outcome.kind is runner.Kind.OK and outcome.metric == 0.5, (outcome.reason, log)
+    assert "argv at import model.json, mode at import scoring" in log.split("=== separate evaluation")[1]

@@ -11,31 +11,34 @@ import tempfile
 from harness.run import processes
 
 
-# The warm evaluator's program (a constant: nothing of a run's is in it). argv: prepare.py's path. It imports what
-# prepare.py imports at its top level, and what torch.export.load imports on first use, then waits for one line, the
-# artifact's path, and runs prepare.py --evaluate PATH as `python prepare.py` would (its folder first on sys.path,
-# __main__). An end of input without a line (the harness gone or the run failed) exits at once.
+# The warm evaluator's program (a constant: nothing of a run's is in it). argv: prepare.py's path, the artifact's. With
+# sys.argv as `python prepare.py --evaluate ARTIFACT` has it, it imports the modules of prepare.py's leading imports
+# (those before its first other statement, which may set what an import reads), in their order, and then, after
+# torch, what torch.export.load imports on first use; an import that fails or exits is left for prepare.py to meet
+# again. Then it waits for a line (the artifact is there and checked) and runs prepare.py as `python prepare.py` would
+# (its folder first on sys.path, as __main__). An end of input without a line (the harness gone) exits at once.
 WARM_PROGRAM = """
 import ast, importlib, runpy, sys
-path = sys.argv[1]
+path, artifact = sys.argv[1:3]
+sys.argv = [path, "--evaluate", artifact]
+sys.path[0] = path.rsplit("/", 1)[0]
 names = []
-for node in ast.parse(open(path, "rb").read()).body:
+for i, node in enumerate(ast.parse(open(path, "rb").read()).body):
     if isinstance(node, ast.Import):
         names += [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
         names.append(node.module)
+    elif not (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+        break
 if "torch" in names:
     names += ["torch.export.pt2_archive._package", "torch._export.serde.serialize"]
 for name in names:
     try:
         importlib.import_module(name)
-    except Exception:
+    except (Exception, SystemExit):
         pass
-line = sys.stdin.readline()
-if not line.endswith("\\n"):
+if not sys.stdin.readline().endswith("\\n"):
     sys.exit(0)
-sys.argv = [path, "--evaluate", line[:-1]]
-sys.path[0] = path.rsplit("/", 1)[0]
 runpy.run_path(path, run_name="__main__")
 """
 
@@ -62,23 +65,21 @@ class Warm:
     artifact will be; env, python: as Cold's): the pristine copy is made first (Evaluation.setup), then a fresh process imports what
     prepare.py needs and waits, so the evaluation after training pays no start-up (about 4 s of torch and
     torch.export imports on a CPU). Its output goes to an unnamed file, appended to the run's log after it ends.
-    evaluate() tells it the artifact and waits; close() kills it if it still waits (train.py failed, Ctrl-C)."""
+    evaluate() tells it the artifact is there and waits; close() kills it if it still waits (train.py failed, Ctrl-C)."""
 
     def __init__(self, ev, env, python):
         ev.setup()
         self.ours = processes.children()
         self.out = tempfile.TemporaryFile()
-        argv = ev.warm_wrap([python, "-c", WARM_PROGRAM, str(ev.prepare_dir / "prepare.py")])
+        argv = ev.warm_wrap([python, "-c", WARM_PROGRAM, str(ev.prepare_dir / "prepare.py"), str(ev.artifact)])
         self.proc, self.token = processes.start(argv, env, cwd=ev.prepare_dir, stdin=subprocess.PIPE,
                                                 stdout=self.out, stderr=subprocess.STDOUT)
-        self.artifact, self.waited = ev.artifact, False
 
     def evaluate(self, limit, log_path, on_tick):
-        """Tell it the artifact, wait at most limit seconds (ticking), append its output to log_path. Returns
-        (returncode or None, timed_out)."""
-        self.waited = True
+        """Tell it the artifact is there, wait at most limit seconds (ticking), append its output to log_path.
+        Returns (returncode or None, timed_out)."""
         try:
-            self.proc.stdin.write(f"{self.artifact}\n".encode())
+            self.proc.stdin.write(b"go\n")
             self.proc.stdin.close()
         except OSError:                     # it died before the artifact came: its output and exit code say why
             pass
@@ -91,8 +92,9 @@ class Warm:
         return rc, timed_out
 
     def close(self):
-        """Kill it, and its strays, unless evaluate() waited for it; its output file goes."""
-        if not self.waited:
+        """Kill it, and its strays, unless it was waited for (evaluate(), also when interrupted); its output file
+        goes."""
+        if self.proc.returncode is None:
             processes.kill_group(self.proc.pid, self.proc)
             processes.kill_strays(self.ours, self.token)
         self.out.close()
