@@ -45,7 +45,8 @@ runpy.run_path(path, run_name="__main__")
 
 class Cold:
     """The separate evaluator started once the artifact exists: `python prepare.py --evaluate ARTIFACT` through
-    ev.wrap (ev: a runner.Evaluation; env: the run's environment; python: the interpreter's path)."""
+    ev.wrap, right after the pristine copy is made (ev.setup) (ev: a runner.Evaluation; env: the run's environment;
+    python: the interpreter's path)."""
 
     def __init__(self, ev, env, python):
         self.ev, self.env, self.python = ev, env, python
@@ -54,6 +55,7 @@ class Cold:
         """Run it for at most limit seconds (ticking), its output appended to log_path. Returns (returncode or None,
         timed_out)."""
         ev = self.ev
+        ev.setup()
         rc, _, timed_out = processes.run_process(
             ev.wrap([self.python, str(ev.prepare_dir / "prepare.py"), "--evaluate", str(ev.artifact)]),
             ev.prepare_dir, log_path, self.env, limit, lambda pgid: None, on_tick, append=True)
@@ -62,10 +64,11 @@ class Cold:
 
 class Warm:
     """The separate evaluator started with train.py (ev.warm_wrap: its view holds the run dir read-only, where the
-    artifact will be; env, python: as Cold's): the pristine copy is made first (Evaluation.setup), then a fresh process imports what
-    prepare.py needs and waits, so the evaluation after training pays no start-up (about 4 s of torch and
-    torch.export imports on a CPU). Its output goes to an unnamed file, appended to the run's log after it ends.
-    evaluate() tells it the artifact is there and waits; close() kills it if it still waits (train.py failed, Ctrl-C)."""
+    artifact will be; env, python: as Cold's): the pristine copy is made first (ev.setup), then a fresh process
+    imports what prepare.py needs and waits, so the evaluation after training pays no start-up (about 4 s of torch
+    and torch.export imports on a CPU). Its output goes to an unnamed file, appended to the run's log after it ends.
+    evaluate() tells it the artifact is there and waits; close() kills it if it still waits (train.py failed,
+    Ctrl-C)."""
 
     def __init__(self, ev, env, python):
         ev.setup()

@@ -39,9 +39,9 @@ class Evaluation:
     setup: Callable = lambda: None          # called right before the evaluator starts (e.g. a fresh pristine copy)
     wrap: Callable = lambda argv: argv      # e.g. a sandbox; identity by default
     timeout: float | None = None            # seconds the evaluator may take (None: the run's timeout)
-    warm_wrap: Callable | None = None       # the evaluator's view with the artifact's folder in it (a sandbox): the
-    #                                         evaluator starts with the run and waits for the artifact (evaluator.Warm); None:
-    #                                         it starts after training, with wrap
+    warm_wrap: Callable | None = None       # the evaluator's view with the artifact's folder in it (a sandbox): it
+    #                                         starts with the run and waits for the artifact (evaluator.Warm); None:
+    #                                         it starts after training, with wrap (evaluator.Cold)
 
 
 @dataclasses.dataclass
@@ -145,7 +145,8 @@ def run(spec):
     spec.cancel, training stops early when its rule says so (Kind.CANCELLED, outcome.cancel), unless the speed probe
     before it differs from the best's (the curves would not be comparable). Rejections (Kind.REJECTED) are runs whose
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result. With an Evaluation's warm_wrap
-    the evaluator starts with train.py and waits for the artifact (evaluator.Warm); it is killed however the run ends."""
+    the evaluator starts with train.py and waits for the artifact (evaluator.Warm); it is killed however the run
+    ends."""
     warm = []                               # the evaluator.Warm, once _run has started it
     try:
         return _run(spec, warm)
@@ -245,10 +246,10 @@ def watched(spec, probe_s):
 
 
 def evaluate(spec, outcome, warm=None):
-    """The separate evaluation: the pristine prepare.py scores the artifact in a fresh process (warm: the evaluator.Warm
-    started with the run, told the artifact now); its output is appended to the run's log. Sets outcome.metric, or
-    outcome.reason when the artifact is missing or unloadable, the frozen inputs changed, or train.py's own number
-    disagrees with the evaluator's beyond the tolerance."""
+    """The separate evaluation: the pristine prepare.py scores the artifact in a fresh process (warm: the
+    evaluator.Warm started with the run, told the artifact now; else an evaluator.Cold); its output is appended to
+    the run's log. Sets outcome.metric, or outcome.reason when the artifact is missing or unloadable, the frozen
+    inputs changed, or train.py's own number disagrees with the evaluator's beyond the tolerance."""
     ev = spec.evaluation
     if not os.path.lexists(ev.artifact):
         outcome.fail(Kind.CRASH, "crash: no model artifact: train.py must hand its model to the frozen evaluation "
@@ -263,8 +264,6 @@ def evaluate(spec, outcome, warm=None):
             f"rejected: train.py printed no finite {spec.metric} although it could read the evaluation "
             "data (without the sandbox its own number is checked against the evaluator's)"))
         return
-    if warm is None:
-        ev.setup()
     spec.on_phase("evaluating")
     with open(spec.log, "ab") as log:
         log.write(b"\n=== separate evaluation: prepare.py --evaluate (pristine copy, fresh process) ===\n")

@@ -16,7 +16,7 @@ The view is built up from nothing, never "everything minus a list". A sandboxed 
   evaluator: the GRPO base model's pinned snapshot is one; no other model of the Hugging Face cache), read-only,
   with the evaluator-only files hidden from train.py even inside those;
 - train.py: its run directory read-write; the evaluator: its pristine copy (its cwd) and the artifact (the run
-  directory, where it starts with train.py: harness.run.runner.Warm), read-only;
+  directory, where it starts with train.py: harness.run.evaluator.Warm), read-only;
 - a private empty /tmp, /var/tmp and /dev/shm; nothing else: no home directory, no repository, no other copy of
   the data, no host socket, no network.
 Root is confined: every capability dropped, uid and gid nobody in a user namespace of its own with no further user
@@ -41,8 +41,8 @@ from harness.run.runner import interpreter
 
 PROTECTIONS = (
     "an allow-list view: the system, the Python environment, the data and models the target declares and the "
-    "run's own directory (the evaluator: its pristine copy and the artifact's run directory, read-only); no home, no repository, no other "
-    "model, no host sockets",
+    "run's own directory (the evaluator: its pristine copy and the artifact's run directory, read-only); no home, "
+    "no repository, no other model, no host sockets",
     "read-only everywhere except the run directory and a private /tmp and /dev/shm",
     "root confined: every capability dropped, uid nobody in its own user namespace, a seccomp filter (no mount, "
     "unshare, setns, ptrace, keyctl, bpf, ...)",
