@@ -26,7 +26,8 @@ run/ (one run of one commit, wherever it goes)
     phases      where a device's wall time goes: a run's phases and the training share
     runner      run one commit's train.py with a timeout, evaluate it separately -> Outcome
                 (Outcome.kind: ok, crash, timeout, rejected, overtime, lost, node, cancelled)
-    evaluator   the separate evaluator's process: after training (cold), or started with it (warm)
+    evaluator   prepare.py's processes around a run: the separate evaluator after training (cold), or started with it
+                (warm), and a waiting process (the warm evaluator, the warm probe)
     processes   a run's process group: its log, ticks, the kill of the group and its strays; stale runs killed
     sandbox     the bubblewrap view train.py and the evaluator run in (allow-list, root confined, no network)
     view        what of this machine the sandbox shows, as paths: the system, the environment, what is no system's

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.run import phases, pool, runner
+from harness.run import conditions, phases, pool, runner
 from harness.run.pool import Device, Pool
 from harness.run.runner import Outcome
 
@@ -86,20 +86,24 @@ WARM_MARK = """import os, time
 with open("warm.started", "a") as f:            # once per process that imports it
     f.write(f"{time.time()} {os.getpid()}\\n")
 """
-WARM_PREPARE = """import os, sys
+WARM_PREPARE = """import os, sys, time
 import warmmark                                 # imported by the warm evaluator while train.py still trains
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:     # the n-th probe prints n / 100 s
+    with open("probe.ran", "a") as f:
+        f.write(f"{time.time()} {os.getpid()}\\n")
+    print(f"probe_s: {len(open('probe.ran').readlines()) / 100}")
+elif __name__ == "__main__":
     assert sys.argv[1] == "--evaluate" and os.path.basename(__file__) == "prepare.py", sys.argv
     print(f"evaluated by {os.getpid()}")
     print("---\\nval_bpb: " + open(sys.argv[2]).read())
 """
 
 
-def warm_run(tmp_path, train, prepare=WARM_PREPARE, **modules):
+def warm_run(tmp_path, train, prepare=WARM_PREPARE, probe=False, **modules):
     """runner.run of `train` (train.py's text) with a warm evaluator (no sandbox: warm_wrap is the identity) whose
     prepare.py (default: it prints the artifact's text as val_bpb) and modules ({name: text}, beside it) are given;
-    its time limit, 2 s, is shorter than the training. Returns (the Outcome, the log's text, [(time, pid)] of each
-    import of warmmark)."""
+    its time limit, 2 s, is shorter than the training. probe: with a warm speed probe (conditions.Probe, warm) from
+    the same prepare.py. Returns (the Outcome, the log's text, [(time, pid)] of each import of warmmark)."""
     frozen, run_dir = tmp_path / "frozen", tmp_path / "run"
     frozen.mkdir()
     run_dir.mkdir()
@@ -112,7 +116,9 @@ def warm_run(tmp_path, train, prepare=WARM_PREPARE, **modules):
     evaluation = runner.Evaluation(prepare_dir=frozen, artifact=run_dir / "model.json", timeout=2.0,
                                    setup=lambda: made.append(time.time()), warm_wrap=lambda argv: argv)
     spec = runner.RunSpec(commit="c0ffee", cwd=run_dir, log=tmp_path / "run.log", metric="val_bpb", timeout=60,
-                          evaluation=evaluation)
+                          evaluation=evaluation, probe=conditions.Probe(
+                              runner.interpreter(), frozen, lambda argv: argv, dict(os.environ), warm=True)
+                          if probe else None)
     outcome = runner.run(spec)
     assert len(made) == 1                               # the pristine copy, made once, before the evaluator started
     marks = [(float(t), int(pid)) for t, pid in (line.split() for line in
@@ -137,17 +143,42 @@ def test_the_evaluator_starts_with_train_py_and_scores_the_artifact_once_trainin
         os.kill(pid, 0)
 
 
+def test_the_probe_after_a_run_starts_with_it_and_is_taken_once_training_ends(tmp_path):
+    """The speed probe after a run (sandboxed: Probe.warm) does its imports while train.py trains and measures when
+    it ends: the probe before ran cold (0.01 s, the first), the one after in a process that had imported prepare.py's
+    modules well before the training's end (0.02 s, the second); both its processes are gone afterwards."""
+    outcome, log, marks = warm_run(tmp_path, "import time\ntime.sleep(2.5)\nt = time.time()\n"
+                                             "open('model.json', 'w').write('0.75')\nopen('end', 'w').write(str(t))\n",
+                                   probe=True)
+    assert outcome.kind is runner.Kind.OK and outcome.metric == 0.75, (outcome.reason, log)
+    assert outcome.probe_after == 0.02 and outcome.probe_s == 0.015 and outcome.probe_problem == ""
+    ran = [(float(t), int(pid)) for t, pid in (line.split() for line in
+                                               (tmp_path / "frozen" / "probe.ran").read_text().splitlines())]
+    end = float((tmp_path / "run" / "end").read_text())
+    assert len(marks) == 3 and ran[0][0] < end - 2.0                      # before: cold, before the training
+    [warm_import] = [t for t, pid in marks if pid == ran[1][1]]
+    assert warm_import < end - 1.0 < end < ran[1][0]                     # imported while training, taken after
+    for _, pid in marks:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 WAIT_FOR_WARM = "import os, sys, time\nwhile not os.path.exists('../frozen/warm.started'):\n    time.sleep(0.05)\n"
 
 
 @pytest.mark.parametrize("end", ["sys.exit(3)\n", "print('no artifact')\n"])
 def test_a_run_that_leaves_nothing_to_score_kills_its_waiting_evaluator(tmp_path, end):
-    """train.py crashed, or wrote no artifact, once the evaluator started with it was waiting: it is killed, never
-    told anything, and nothing of it is in the log."""
-    outcome, log, marks = warm_run(tmp_path, WAIT_FOR_WARM + end)
+    """train.py crashed, or wrote no artifact, once the evaluator and the probe after started with it were waiting:
+    the evaluator is killed, never told anything, and nothing of it is in the log; so is the probe after a crash
+    (a crash is judged without it); after a run with no artifact the probe is taken."""
+    outcome, log, marks = warm_run(tmp_path, WAIT_FOR_WARM.replace("warm.started')", "warm.started') or len(open("
+                                                                   "'../frozen/warm.started').readlines()) < 3")
+                                   + end, probe=True)
     assert outcome.kind is runner.Kind.CRASH and outcome.metric is None, outcome.reason
     assert "separate evaluation" not in log and "evaluated by" not in log
-    assert len(marks) == 1
+    assert len(marks) == 3
+    probes = (tmp_path / "frozen" / "probe.ran").read_text().splitlines()
+    assert len(probes) == (1 if "exit" in end else 2)
     for _, pid in marks:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

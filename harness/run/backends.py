@@ -99,8 +99,8 @@ class Local:
             frozen=FROZEN, env=spec.env, wrap=(lambda argv: box.train(argv, spec.run_dir, gpu)) if box else (lambda a: a),
             budget=spec.budget, max_wall=spec.max_wall, evaluation=evaluation, on_start=watch.started,
             on_tick=watch.tick, on_phase=watch.phase, cancel=spec.cancel, probed=spec.probed,
-            probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env})
-            if spec.probe else None)
+            probe=conditions.Probe(runner.interpreter(), spec.frozen_dir, eval_wrap, {**clean_env(), **spec.env},
+                                   warm=box is not None) if spec.probe else None)   # warm: as the evaluator
         try:
             outcome = runner.run(run)
         finally:                                                   # also on Ctrl-C

@@ -11,6 +11,8 @@ import math
 import subprocess
 from pathlib import Path
 
+from harness.run import evaluator
+
 PROBE_TIMEOUT_S = 120       # a probe is a few seconds; one that takes this long is broken, not slow
 SHARE = 0.15                # runs whose probes differ by more than this share ran under other conditions
 RATIO_RANGE = (0.1, 10.0)   # a slowdown is clamped to this range (a probe 30x slower under load still allows 10x)
@@ -26,10 +28,18 @@ TIMEOUT_TIMES = 2.0         # once the baseline is measured, a run is killed at 
 class Probe:
     """Runs the pristine `prepare.py --probe` (prepare_dir) through wrap (argv -> argv: the evaluator's sandbox)
     with env; a call returns (seconds, "") or (None, why not). The target's probe times a fixed workload on the
-    run's device and prints `probe_s: SECONDS`. Picklable (a Ray worker builds its own)."""
+    run's device and prints `probe_s: SECONDS`. warm: the probe after a run may start with it (start(); sandboxed
+    runs only: out of train.py's reach while it waits). Picklable (a Ray worker builds its own)."""
 
-    def __init__(self, python, prepare_dir, wrap, env):
+    def __init__(self, python, prepare_dir, wrap, env, warm=False):
         self.python, self.prepare_dir, self.wrap, self.env = python, Path(prepare_dir), wrap, env
+        self.warm = warm
+
+    def start(self):
+        """A probe started now, to be taken later: its process does prepare.py's imports while a run trains (torch's
+        alone, about 2 s on a CPU and on a GPU's host) and waits; calling it (once) tells it to go and returns what
+        a call of this Probe would. close() kills it if it was never called."""
+        return Started(evaluator.Waiting(self.wrap, self.python, self.prepare_dir, ["--probe"], self.env))
 
     def __call__(self):
         argv = self.wrap([self.python, str(self.prepare_dir / "prepare.py"), "--probe"])
@@ -38,10 +48,35 @@ class Probe:
                                   timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as e:
             return None, f"the probe did not finish ({type(e).__name__})"
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            return None, f"`prepare.py --probe` exited {done.returncode}: {last}"
-        return parse(done.stdout)
+        return answer(done.returncode, done.stdout, done.stderr)
+
+
+class Started:
+    """A probe's process waiting to be told to go (Probe.start)."""
+
+    def __init__(self, waiting):
+        self.waiting = waiting
+
+    def __call__(self):
+        """(seconds, "") or (None, why not), as Probe's call."""
+        rc, timed_out = self.waiting.finish(PROBE_TIMEOUT_S)
+        output = self.waiting.output().decode(errors="replace")
+        if timed_out:
+            return None, "the probe did not finish (TimeoutExpired)"
+        return answer(rc, output, output)
+
+    def close(self):
+        """Kill it unless it was called."""
+        self.waiting.close()
+
+
+def answer(rc, stdout, stderr):
+    """(seconds, "") or (None, why not) from a probe's exit code and output (text): its stderr's last line names a
+    failure."""
+    if rc != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return None, f"`prepare.py --probe` exited {rc}: {last}"
+    return parse(stdout)
 
 
 def parse(text):

@@ -147,7 +147,7 @@ def run(spec):
     result is not believed; crashes (Kind.CRASH, TIMEOUT) are runs with no result. With an Evaluation's warm_wrap
     the evaluator starts with train.py and waits for the artifact (evaluator.Warm); it is killed however the run
     ends."""
-    warm = []                               # the evaluator.Warm, once _run has started it
+    warm = []                               # the evaluator.Warm and the probe's conditions.Started, once started
     try:
         return _run(spec, warm)
     finally:
@@ -156,14 +156,12 @@ def run(spec):
 
 
 def _run(spec, warm):
-    """run's body; it appends the evaluator.Warm it starts to warm."""
+    """run's body; it appends the processes it starts to wait (evaluator.Warm, conditions.Started) to warm."""
     frozen_before = [file_hash(spec.cwd / f) for f in spec.frozen]
     peak = usage.Peak()                     # training only: the evaluator's process is the harness's, not counted
     before, probing = (spec.probed, 0.0) if spec.probed else probe_now(spec)   # probing: the probes' wall seconds
     limit = timeout_s(spec.timeout, before[0])
-    if spec.evaluation is not None and spec.evaluation.warm_wrap is not None:
-        warm.append(evaluator.Warm(spec.evaluation, run_env(spec), interpreter()))   # after the probe (it
-        #                                   would slow it), with train.py's start-up
+    evaluation, probe_after = start_waiting(spec, warm)   # after the probe (they would slow it)
     spec.on_phase("training")
     try:
         rc, seconds, timed_out = run_process(spec.wrap([interpreter(), "train.py"]), spec.cwd, spec.log,
@@ -175,7 +173,7 @@ def _run(spec, warm):
                           log_tail=redact("\n".join(read_log(spec.log).splitlines()[-LOG_TAIL_LINES:])),
                           phases=phases.split({}, stopped.elapsed, probing))
         return outcome.fail(Kind.CANCELLED, f"cancelled at {stopped.cancel.percent}%")
-    after, took = probe_now(spec, rc == 0)    # a crash or a timeout is judged without it
+    after, took = probe_now(spec, rc == 0, probe_after)    # a crash or a timeout is judged without it
     probing += took
     cap_log(spec.log)
     tampered = [f for f, h in zip(spec.frozen, frozen_before) if file_hash(spec.cwd / f) != h]
@@ -206,7 +204,7 @@ def _run(spec, warm):
         outcome.metric, outcome.reason = own, own_problem
         outcome.kind = Kind.OK if own is not None else Kind.CRASH
     else:
-        evaluate(spec, outcome, warm[0] if warm else None)
+        evaluate(spec, outcome, evaluation)
     if outcome.metric is not None:          # karpathy's rows: a run without a result records 0.0
         outcome.memory_gb, outcome.memory_source = peak.memory_gb(), peak.source
     outcome.phases = phases.split(summary if rc == 0 and not timed_out else {}, seconds, probing, outcome.eval_seconds)
@@ -215,14 +213,27 @@ def _run(spec, warm):
     return outcome
 
 
-def probe_now(spec, due=True):
+def start_waiting(spec, warm):
+    """(the evaluator.Warm or None, the probe after's conditions.Started or None), started now, with train.py's
+    start-up, where the evaluation and the probe are warm (sandboxed runs); each is appended to warm."""
+    evaluation = probe_after = None
+    if spec.evaluation is not None and spec.evaluation.warm_wrap is not None:
+        evaluation = evaluator.Warm(spec.evaluation, run_env(spec), interpreter())
+        warm.append(evaluation)
+    if spec.probe and spec.probe.warm:
+        probe_after = spec.probe.start()
+        warm.append(probe_after)
+    return evaluation, probe_after
+
+
+def probe_now(spec, due=True, started=None):
     """(spec.probe()'s (seconds | None, problem), the wall seconds it took), the phase said first; ((None, ""), 0.0)
-    without a probe or when not due."""
+    without a probe or when not due. started: the probe's process already started (Probe.start), taken instead."""
     if not (spec.probe and due):
         return (None, ""), 0.0
     spec.on_phase("probing")
     t0 = time.monotonic()
-    return spec.probe(), time.monotonic() - t0
+    return (started or spec.probe)(), time.monotonic() - t0
 
 
 def timeout_s(timeout, probe_s=None):
