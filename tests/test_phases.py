@@ -163,6 +163,25 @@ def test_the_probe_after_a_run_starts_with_it_and_is_taken_once_training_ends(tm
             os.kill(pid, 0)
 
 
+FAILING_PROBE = """    if len(open('probe.ran').readlines()) == 2:     # the probe after fails
+        print("boom on stderr", file=sys.stderr, flush=True)
+        print("a later stdout line")
+        sys.exit(3)
+"""
+
+
+def test_a_warm_probe_that_fails_says_why_as_a_cold_one_does(tmp_path):
+    """A hostile review: the warm probe's output merged stderr into stdout, so a failing probe was reported by its
+    last stdout line; the reason is stderr's last line, as for a cold probe (the probe before, here, succeeds)."""
+    line = "    print(f\"probe_s: {len(open('probe.ran').readlines()) / 100}\")\n"
+    assert line in WARM_PREPARE
+    outcome, log, _ = warm_run(tmp_path, "open('model.json', 'w').write('0.5')\n",
+                               WARM_PREPARE.replace(line, FAILING_PROBE + line), probe=True)
+    assert outcome.kind is runner.Kind.OK and outcome.metric == 0.5, (outcome.reason, log)
+    assert outcome.probe_after is None and outcome.probe_s == 0.01
+    assert outcome.probe_problem == "`prepare.py --probe` exited 3: boom on stderr"
+
+
 WAIT_FOR_WARM = "import os, sys, time\nwhile not os.path.exists('../frozen/warm.started'):\n    time.sleep(0.05)\n"
 
 

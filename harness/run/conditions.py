@@ -38,8 +38,9 @@ class Probe:
     def start(self):
         """A probe started now, to be taken later: its process does prepare.py's imports while a run trains (torch's
         alone, about 2 s on a CPU and on a GPU's host) and waits; calling it (once) tells it to go and returns what
-        a call of this Probe would. close() kills it if it was never called."""
-        return Started(evaluator.Waiting(self.wrap, self.python, self.prepare_dir, ["--probe"], self.env))
+        a call of this Probe would. close() kills it if it was never called. Raises OSError when it cannot start."""
+        return Started(evaluator.Waiting(self.wrap, self.python, self.prepare_dir, ["--probe"], self.env,
+                                         errors_apart=True))
 
     def __call__(self):
         argv = self.wrap([self.python, str(self.prepare_dir / "prepare.py"), "--probe"])
@@ -60,10 +61,10 @@ class Started:
     def __call__(self):
         """(seconds, "") or (None, why not), as Probe's call."""
         rc, timed_out = self.waiting.finish(PROBE_TIMEOUT_S)
-        output = self.waiting.output().decode(errors="replace")
         if timed_out:
             return None, "the probe did not finish (TimeoutExpired)"
-        return answer(rc, output, output)
+        return answer(rc, self.waiting.output().decode(errors="replace"),
+                      self.waiting.output(errors=True).decode(errors="replace"))
 
     def close(self):
         """Kill it unless it was called."""

@@ -89,15 +89,23 @@ class Warm:
 
 class Waiting:
     """`python prepare.py ARGS` (prepare_dir's, through wrap: the evaluator's sandbox) started now as WARM_PROGRAM: it
-    does prepare.py's imports and waits until finish() tells it to go. Its output (stdout and stderr) goes to an
-    unnamed file; a harness that dies closes its input, and it exits."""
+    does prepare.py's imports and waits until finish() tells it to go. Its output goes to an unnamed file (stderr
+    to a second one with errors_apart, else with stdout); a harness that dies closes its input, and it exits. Raises
+    OSError when it cannot start."""
 
-    def __init__(self, wrap, python, prepare_dir, args, env):
+    def __init__(self, wrap, python, prepare_dir, args, env, errors_apart=False):
         self.ours = processes.children()
         self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile() if errors_apart else None
         argv = wrap([python, "-c", WARM_PROGRAM, str(prepare_dir / "prepare.py"), *args])
-        self.proc, self.token = processes.start(argv, env, cwd=prepare_dir, stdin=subprocess.PIPE,
-                                                stdout=self.out, stderr=subprocess.STDOUT)
+        try:
+            self.proc, self.token = processes.start(argv, env, cwd=prepare_dir, stdin=subprocess.PIPE,
+                                                    stdout=self.out, stderr=self.err or subprocess.STDOUT)
+        except OSError:
+            self.out.close()
+            if self.err:
+                self.err.close()
+            raise
 
     def finish(self, limit, on_tick=lambda elapsed: None):
         """Tell it to go and wait at most limit seconds (ticking); killed with its strays on timeout or any
@@ -110,10 +118,11 @@ class Waiting:
         rc, _, timed_out = processes.watch(self.proc, self.token, self.ours, self.out, limit, on_tick=on_tick)
         return rc, timed_out
 
-    def output(self):
-        """Its output so far (bytes)."""
-        self.out.seek(0)
-        return self.out.read()
+    def output(self, errors=False):
+        """Its output so far (bytes): stdout (and stderr unless errors_apart), or with errors, its stderr apart."""
+        f = self.err if errors else self.out
+        f.seek(0)
+        return f.read()
 
     def close(self):
         """Kill it, and its strays, unless it was waited for (finish(), also when interrupted); its output file
@@ -122,3 +131,5 @@ class Waiting:
             processes.kill_group(self.proc.pid, self.proc)
             processes.kill_strays(self.ours, self.token)
         self.out.close()
+        if self.err:
+            self.err.close()

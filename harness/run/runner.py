@@ -8,6 +8,7 @@ is an Outcome's kind (Kind), set where its reason is written. harness.run.backen
 watch), next to the Ray cluster's.
 """
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -151,8 +152,9 @@ def run(spec):
     try:
         return _run(spec, warm)
     finally:
-        for each in warm:
-            each.close()
+        with contextlib.ExitStack() as closing:     # each closed, also when another's close raised
+            for each in warm:
+                closing.callback(each.close)
 
 
 def _run(spec, warm):
@@ -221,8 +223,11 @@ def start_waiting(spec, warm):
         evaluation = evaluator.Warm(spec.evaluation, run_env(spec), interpreter())
         warm.append(evaluation)
     if spec.probe and spec.probe.warm:
-        probe_after = spec.probe.start()
-        warm.append(probe_after)
+        try:
+            probe_after = spec.probe.start()
+            warm.append(probe_after)
+        except OSError:                     # it could not start: the probe after runs cold, and says why if it fails
+            probe_after = None
     return evaluation, probe_after
 
 
