@@ -225,3 +225,15 @@ def test_prepare_pys_imports_see_what_they_would_see_in_a_cold_start(tmp_path):
         envmod="import os\nMODE = os.environ.get('EVAL_MODE', 'unset')\n")
     assert outcome.kind is runner.Kind.OK and outcome.metric == 0.5, (outcome.reason, log)
     assert "argv at import model.json, mode at import scoring" in log.split("=== separate evaluation")[1]
+
+
+def test_a_warm_probe_that_cannot_start_leaves_the_probe_cold_and_the_run_whole(tmp_path, monkeypatch):
+    """A hostile review: an OSError starting the warm probe escaped the run as a traceback. Now the probe after runs
+    cold, as it did before warm probes, and the run is scored."""
+    def refuse(*args, **kwargs):
+        raise OSError("no process for the probe")
+    monkeypatch.setattr(conditions.Probe, "start", refuse)
+    outcome, log, marks = warm_run(tmp_path, "open('model.json', 'w').write('0.5')\n", probe=True)
+    assert outcome.kind is runner.Kind.OK and outcome.metric == 0.5, (outcome.reason, log)
+    assert outcome.probe_after == 0.02 and outcome.probe_problem == ""    # the second probe, cold
+    assert len(marks) == 3                               # the probe before, the evaluator, the cold probe after

@@ -15,8 +15,9 @@ from harness.run import processes
 # arguments. With sys.argv as `python prepare.py ARGS` has it, it imports the modules of prepare.py's leading imports
 # (those before its first other statement, which may set what an import reads), in their order, and then, after
 # torch, for an evaluation, what torch.export.load imports on first use; an import that fails or exits is left for
-# prepare.py to meet again. Then it waits for a line (the artifact is there and checked) and runs prepare.py as `python prepare.py` would
-# (its folder first on sys.path, as __main__). An end of input without a line (the harness gone) exits at once.
+# prepare.py to meet again. Then it waits for a line (told to go: the artifact is there and checked, or the run ended)
+# and runs prepare.py as `python prepare.py` would (its folder first on sys.path, as __main__). An end of input
+# without a line (the harness gone) exits at once.
 WARM_PROGRAM = """
 import ast, importlib, runpy, sys
 path = sys.argv[1]
