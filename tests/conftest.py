@@ -1,15 +1,19 @@
 """Fixtures shared by the tests: the real corpora prepared with the cpu profile, and the tiny target of agent_target.py."""
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import filelock
 import git
 import pytest
 
 from agent_target import CURVE_BUDGET, SECRET, make_curve_target, make_target  # the tiny targets
-from helpers import CORPORA, REPO, run_train, train_definitions
+from helpers import CORPORA, REPO, USR_TREES_ENV, remove_planted, run_train, train_definitions
 
 
 # The tests' evaluations score 8192 val tokens (32 rows of 256), not the cpu profile's 65,536: every evaluation of a
@@ -17,20 +21,64 @@ from helpers import CORPORA, REPO, run_train, train_definitions
 # verdicts, the evaluator agreeing with train.py, tampering caught) does not depend on the count.
 TEST_EVAL_TOKENS = 8192
 
+# The suite runs 4 pytest-xdist workers on 2 cores, so up to 4 torch processes of 2 threads each share them. OpenMP's
+# default is to spin while a thread waits for the others; oversubscribed, the spinning takes the cores the work needs
+# (3 train.py runs at once: 33 s spinning, 18.5 s passive; one alone: the same 10 s). Every process the tests start
+# inherits this.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-@pytest.fixture(scope="session")
-def cpu_cache(tmp_path_factory):
-    """The real corpora (../shared/data/corpora) prepared with the CPU profile through the CLI, as a user would, with
-    --eval-tokens TEST_EVAL_TOKENS."""
+
+def once(tmp_path_factory, worker_id, name, build):
+    """The folder `name` made by build(folder) once per pytest run, shared by every pytest-xdist worker (the first
+    builds it under a file lock, the others wait and read it; a build that fails leaves nothing, and the next worker
+    tries again). Read-only for the tests. Without xdist (worker_id "master"), a folder of this session's own."""
+    if worker_id == "master":
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent          # this run's folder, above each worker's basetemp
+    folder, done = root / name, root / f"{name}.done"
+    with filelock.FileLock(root / f"{name}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)       # a failed build's leftovers
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def prepare_cpu(cache):
+    """prepare.py --profile cpu on the real corpora into cache, through the CLI, as a user would."""
     if not CORPORA.is_dir():
         pytest.fail(f"{CORPORA} is missing: the tests read the shared corpora beside the checkout")
-    cache = tmp_path_factory.mktemp("cpu-cache")
     env = {**os.environ, "AUTORESEARCH_CACHE": str(cache)}
     result = subprocess.run([sys.executable, "prepare.py", "--source", str(CORPORA), "--profile", "cpu",
                              "--eval-tokens", str(TEST_EVAL_TOKENS)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    return cache
+
+
+def pytest_configure(config):
+    """The run's list of files planted under /usr (helpers.remove_at_end), named before the xdist workers start."""
+    if not hasattr(config, "workerinput"):
+        fd, listed = tempfile.mkstemp(prefix="ar-test-usr-trees-")
+        os.close(fd)
+        os.environ[USR_TREES_ENV] = listed
+
+
+def pytest_unconfigure(config):
+    """At the run's end (every worker done): remove what the tests planted under /usr, and the list."""
+    listed = os.environ.pop(USR_TREES_ENV, None) if not hasattr(config, "workerinput") else None
+    if listed and os.path.exists(listed):
+        remove_planted(Path(listed).read_text().splitlines())
+        os.unlink(listed)
+
+
+@pytest.fixture(scope="session")
+def cpu_cache(tmp_path_factory, worker_id):
+    """The real corpora (../shared/data/corpora) prepared with the CPU profile through the CLI, as a user would, with
+    --eval-tokens TEST_EVAL_TOKENS; once per pytest run (`once`)."""
+    return once(tmp_path_factory, worker_id, "cpu-cache", prepare_cpu)
 
 
 @pytest.fixture(scope="session")
@@ -41,13 +89,16 @@ def train_defs():
 
 
 @pytest.fixture(scope="session")
-def gpt_run(cpu_cache, tmp_path_factory):
+def gpt_run(cpu_cache, tmp_path_factory, worker_id):
     """One real train.py run on the CPU profile's data (budget 4 s, seed 7, its model artifact exported), shared by
     the tests that read a real run's summary (test_train.py) or score its artifact (test_evaluate.py): (the
-    CompletedProcess, the artifact's path)."""
-    artifact = tmp_path_factory.mktemp("gpt-run") / "run" / "model.pt2"
-    result = run_train(cpu_cache, budget=4, env={"AUTORESEARCH_SEED": "7", "AUTORESEARCH_ARTIFACT": str(artifact)})
-    return result, artifact
+    CompletedProcess, the artifact's path). Once per pytest run (`once`)."""
+    def build(folder):
+        result = run_train(cpu_cache, budget=4, env={"AUTORESEARCH_SEED": "7",
+                                                     "AUTORESEARCH_ARTIFACT": str(folder / "run" / "model.pt2")})
+        (folder / "result.pickle").write_bytes(pickle.dumps(result))
+    folder = once(tmp_path_factory, worker_id, "gpt-run", build)
+    return pickle.loads((folder / "result.pickle").read_bytes()), folder / "run" / "model.pt2"
 
 
 @pytest.fixture
@@ -100,14 +151,14 @@ def grpo_env(cache):
 
 
 @pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory):
-    """`grpo/tiny.py --out DIR` run once per session, as a user would: the tiny Qwen2 (model/) and the one-digit
-    sums task (sums/). Read-only: grpo_repo gives each test its own copy."""
-    out = tmp_path_factory.mktemp("tiny-build") / "tiny"
-    tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(out)], cwd=REPO / "grpo",
-                          env=grpo_env(out.parent / "cache"), capture_output=True, text=True, timeout=600)
-    assert tiny.returncode == 0, tiny.stderr[-2000:]
-    return out
+def tiny_build(tmp_path_factory, worker_id):
+    """`grpo/tiny.py --out DIR` run once per pytest run (`once`), as a user would: the tiny Qwen2 (model/) and the
+    one-digit sums task (sums/). Read-only: grpo_repo gives each test its own copy."""
+    def build(folder):
+        tiny = subprocess.run([sys.executable, "tiny.py", "--out", str(folder / "tiny")], cwd=REPO / "grpo",
+                              env=grpo_env(folder / "cache"), capture_output=True, text=True, timeout=600)
+        assert tiny.returncode == 0, tiny.stderr[-2000:]
+    return once(tmp_path_factory, worker_id, "tiny-build", build) / "tiny"
 
 
 @pytest.fixture

@@ -19,6 +19,32 @@ REPO = Path(__file__).resolve().parents[1]          # the repository root: agent
 AGENT = REPO / "agent.py"
 CORPORA = REPO.parent / "shared" / "data" / "corpora"
 
+# The files a test plants under /usr (as root) are removed when the whole pytest run ends, not when the test does:
+# another worker's sandbox may have found them a moment before (view.foreign_trees) and be about to hide them, and
+# bubblewrap fails on a mount point that vanished in between ("Can't mkdir /usr/lib/ar-test-...: Read-only file
+# system"). conftest.py names the list's file in this variable and empties it at the run's end.
+USR_TREES_ENV = "PYTEST_AR_USR_TREES"
+
+
+def remove_at_end(*paths):
+    """Remove these planted files and folders when the pytest run ends (now where no run's list is named)."""
+    listed = os.environ.get(USR_TREES_ENV)
+    if listed is None:
+        return remove_planted([str(p) for p in paths])
+    with open(listed, "a") as f:                        # one short write per path: appends of workers do not mix
+        for path in paths:
+            f.write(f"{path}\n")
+
+
+def remove_planted(paths):
+    """Remove each path (a folder with what it holds, or a file); gone already is fine."""
+    for path in map(Path, paths):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------
 # The loop on the tiny target (tests/agent_target.py): baseline val_bpb 1 + 10*|LR - 0.05| + DEPTH/1000 = 1.108000
 # ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 
 from agent_target import BUDGET, edit
 from llm_server import ScriptedLLM
-from helpers import RAISE_LR, baseline_row, events, rows, run_agent, sha
+from helpers import RAISE_LR, baseline_row, events, remove_at_end, rows, run_agent, sha
 
 from harness.run import processes, sandbox, view
 
@@ -554,7 +554,6 @@ def under_usr(tmp_path, monkeypatch):
     /usr/local/share, a second clone and a data cache of another project under /usr/share, hub models under
     /usr/lib: all removed afterwards. As root only (CI is root)."""
     import os
-    import shutil
     import uuid
     from pathlib import Path
     if os.getuid() != 0:
@@ -591,8 +590,7 @@ def under_usr(tmp_path, monkeypatch):
                                               "src_clone": roots[0] / "clone" / "results.tsv",
                                               "share_copy": roots[1] / "copy" / "val.txt"}
     finally:
-        for root in roots:
-            shutil.rmtree(root, ignore_errors=True)
+        remove_at_end(*roots)                           # at the run's end (helpers.USR_TREES_ENV)
         view.foreign_trees.cache_clear()
 
 

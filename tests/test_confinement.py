@@ -15,7 +15,7 @@ import pytest
 
 from harness.run import sandbox, view
 from harness.run.runner import interpreter
-from helpers import REPO, require_bwrap
+from helpers import REPO, remove_at_end, require_bwrap
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -198,7 +198,6 @@ def places(request, tmp_path):
         return
     if os.getuid() != 0:
         pytest.skip("writes under /usr: root only")
-    import shutil
     import uuid
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
     roots = [Path("/usr/local/share") / name, Path("/usr/src") / name]
@@ -206,8 +205,7 @@ def places(request, tmp_path):
         view.foreign_trees.cache_clear()
         yield roots[0], roots[1] / "repo"
     finally:
-        for root in roots:
-            shutil.rmtree(root, ignore_errors=True)
+        remove_at_end(*roots)                           # at the run's end (helpers.USR_TREES_ENV)
         view.foreign_trees.cache_clear()
 
 

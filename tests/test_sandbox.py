@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.run import sandbox, view# noqa: E402
 from harness.run.runner import interpreter  # noqa: E402
-from helpers import require_bwrap  # noqa: E402
+from helpers import remove_at_end, require_bwrap  # noqa: E402
 
 
 def python_in(run_dir, code, **kw):
@@ -368,7 +368,6 @@ def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidde
     """/usr/share/ollama (Ollama's account's home: its private key and models), a copy of the data under /usr/share
     and a clone inside a packaged folder were readable (a hostile review)."""
     import pwd
-    import shutil
     if os.getuid() != 0 or view.packaged() is None:
         pytest.skip("writes under /usr (root) and reads dpkg's records")
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
@@ -387,16 +386,13 @@ def test_what_no_package_installed_under_usr_and_a_services_home_there_are_hidde
         assert Path("/usr/share/doc") not in found and Path("/usr/lib/python3") not in found
         assert service in view.homes()
     finally:
-        for path in (service, clone):
-            shutil.rmtree(path, ignore_errors=True)
-        copy.unlink(missing_ok=True)
+        remove_at_end(service, clone, copy)             # at the run's end (helpers.USR_TREES_ENV)
         view.foreign_trees.cache_clear()
 
 
 def test_a_library_folder_of_the_linker_or_a_library_no_package_installed_stays_in_view(monkeypatch, tmp_path):
     """WSL's libcuda lives in /usr/lib/wsl/lib (named in /etc/ld.so.conf.d, installed by no package), a driver's
     runfile puts libraries straight into /usr/lib: hiding them would take the GPU from every sandboxed run."""
-    import shutil
     if os.getuid() != 0 or view.packaged() is None:
         pytest.skip("writes under /usr (root) and reads dpkg's records")
     name = f"ar-test-{uuid.uuid4().hex[:8]}"
@@ -408,6 +404,5 @@ def test_a_library_folder_of_the_linker_or_a_library_no_package_installed_stays_
         view.foreign_trees.cache_clear()
         assert not {folder.parent, library} & set(view.foreign_trees())
     finally:
-        shutil.rmtree(folder.parent, ignore_errors=True)
-        library.unlink(missing_ok=True)
+        remove_at_end(folder.parent, library)           # at the run's end (helpers.USR_TREES_ENV)
         view.foreign_trees.cache_clear()
