@@ -31,12 +31,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def once(tmp_path_factory, worker_id, name, build):
     """The folder `name` made by build(folder) once per pytest run, shared by every pytest-xdist worker (the first
     builds it under a file lock, the others wait and read it; a build that fails leaves nothing, and the next worker
-    tries again). Read-only for the tests. Without xdist (worker_id "master"), a folder of this session's own."""
-    if worker_id == "master":
-        folder = tmp_path_factory.mktemp(name)
-        build(folder)
-        return folder
-    root = tmp_path_factory.getbasetemp().parent          # this run's folder, above each worker's basetemp
+    tries again). Read-only for the tests. Without xdist (worker_id "master"), in the session's own basetemp."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent                                  # this run's folder, above each worker's basetemp
     folder, done = root / name, root / f"{name}.done"
     with filelock.FileLock(root / f"{name}.lock"):
         if not done.exists():

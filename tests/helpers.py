@@ -31,9 +31,8 @@ def remove_at_end(*paths):
     listed = os.environ.get(USR_TREES_ENV)
     if listed is None:
         return remove_planted([str(p) for p in paths])
-    with open(listed, "a") as f:                        # one short write per path: appends of workers do not mix
-        for path in paths:
-            f.write(f"{path}\n")
+    with open(listed, "a") as f:                        # one short appended write: the workers' lines do not mix
+        f.write("".join(f"{path}\n" for path in paths))
 
 
 def remove_planted(paths):
