@@ -27,6 +27,13 @@ TEST_EVAL_TOKENS = 8192
 # inherits this.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Python's compiled files are written and reused by the workers and the Pythons the tests start (agent.py's loops,
+# prepare.py's checks), even where the shell says PYTHONDONTWRITEBYTECODE: without them each such process compiles
+# the harness again (importing agent.py: 0.29 s instead of 0.18 s of CPU) and each worker rewrites the test modules'
+# asserts again (~5 s). They go to __pycache__ folders, which git ignores.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def once(tmp_path_factory, worker_id, name, build):
     """The folder `name` made by build(folder) once per pytest run, shared by every pytest-xdist worker (the first

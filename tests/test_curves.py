@@ -292,7 +292,7 @@ def test_the_loop_cancels_a_doomed_candidate_keeps_a_winner_and_spares_a_schedul
     assert "discard, no metric;" in note and note.endswith("LR way up (cancelled at 75%)")
     assert "cancelled    1 discard stopped early (at 75% of the budget), 2 device-seconds of training saved" in \
         report_text(target)
-    # the dashboard, rewritten after every verdict and at the stop (no longer live): each run's curve, the diffs
+    # the dashboard, rewritten after the verdicts and at the stop (no longer live): each run's curve, the diffs
     page = page_data(target / "dashboard.html")
     assert not page["live"] and [r["status"] for r in page["rows"]] == ["keep", "discard", "keep", "discard", "discard"]
     assert len(page["curves"][exp[0]["commit"]]["runs"]) == 3 and len(page["curves"][exp[2]["commit"]]["runs"]) == 1

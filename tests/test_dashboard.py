@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import types
 
 import pytest
@@ -281,3 +282,42 @@ def test_a_curve_of_too_few_points_is_said_not_drawn_and_the_paired_verdict_show
     assert "too few progress points to draw a learning curve" in detail and "<svg" not in detail
     body = re.search(r'<tbody id="rows">(.*?)</tbody>', dom, re.S).group(1)
     assert re.search(r"<td[^>]*>-0\.010000, t -1\.5</td>", body)
+
+
+def _until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_live_page_is_rewritten_in_the_background_a_gap_after_a_verdict(monkeypatch):
+    """A request is written a gap later, the requests in between as one (the latest's words); stop() cancels a
+    rewrite not begun and waits for one under way."""
+    calls, slow = [], [0.0]
+
+    def refresh(s, **kw):
+        calls.append((time.monotonic(), s, kw))
+        time.sleep(slow[0])
+        calls.append("done")
+    monkeypatch.setattr(dashboard, "refresh", refresh)
+    pacer, t0 = dashboard.Pacer("session", gap_s=0.5), time.monotonic()
+    for timeout_s in range(1, 5):
+        pacer.request(live=True, timeout_s=timeout_s)
+    _until(lambda: len(calls) == 2)
+    assert calls[0][0] - t0 >= 0.5 and calls[0][1:] == ("session", {"live": True, "timeout_s": 4})
+    time.sleep(0.7)
+    assert len(calls) == 2                                     # nothing asked, nothing written
+    pacer.request(live=True, timeout_s=5)
+    t1 = time.monotonic()
+    _until(lambda: len(calls) == 4)
+    assert calls[2][0] - t1 >= 0.45 and calls[2][2] == {"live": True, "timeout_s": 5}
+    pacer.request(live=True, timeout_s=6)                      # pending, then cancelled
+    pacer.stop()
+    time.sleep(0.7)
+    assert len(calls) == 4
+    slow[0] = 0.5
+    pacer.request(live=True, timeout_s=7)
+    _until(lambda: len(calls) == 5)                            # under way
+    pacer.stop()                                               # waits for it
+    assert calls[-1] == "done" and len(calls) == 6

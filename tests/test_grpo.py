@@ -55,6 +55,8 @@ class _OnFirstUse:
         self._name, self._module = name, None
 
     def __getattr__(self, attr):
+        if attr.startswith("_"):        # pytest looking for fixtures and marks in the test module's names
+            raise AttributeError(attr)
         if self._module is None:
             self._module = _load(self._name, prepare)
         return getattr(self._module, attr)

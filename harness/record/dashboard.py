@@ -1,6 +1,7 @@
 """
 HARNESS: the dashboard: a tag as one self-contained HTML page (dashboard.html next to results.tsv), written by
-`report.py --html` and rewritten by the loop after every verdict. No server and nothing fetched: the data is a JSON
+`report.py --html` and rewritten by the loop after its verdicts (Pacer: in the background, PAGE_GAP_S seconds
+later) and at its stop. No server and nothing fetched: the data is a JSON
 block in the page, the progress plot a data: URI, the script inline and the only one the page's Content-Security-Policy
 lets run (by its sha256), so a description, diff or log line that holds `<script>` is shown as text and never runs.
 While the loop is alive the page reloads itself every RELOAD_S seconds (keeping the page of the table and the
@@ -15,11 +16,11 @@ import hashlib
 import html
 import io
 import json
-
+import threading
 
 from harness import console
 from harness.record import analysis
-from harness.record.pagedata import gather, text
+from harness.record.pagedata import RELOAD_S, gather, text
 from harness.files import write_atomic
 
 PAGE = "dashboard.html"
@@ -355,3 +356,47 @@ def refresh(s, live=True, timeout_s=1800.0):
             s.dashboard_warned = True
             console.say(f"warning: {PAGE} not written ({type(e).__name__}: {str(e)[:200]}); the loop goes on; "
                         "`uv run report.py --html` writes it by hand")
+
+
+# A live page is rewritten this long after a verdict, the verdicts in between as one: it reloads itself only every
+# RELOAD_S, and each rewrite reads the whole tag and draws its plot (0.1-0.2 s of one core, which a loop of quick
+# experiments, or a test suite of short loops, paid at every verdict and again at the stop).
+PAGE_GAP_S = RELOAD_S / 3
+
+
+class Pacer:
+    """The loop's live rewrites of one session's page, off its path: request() has refresh(s, live=True, ...) run in
+    a background thread gap_s seconds later, unless one is pending already (it then writes the latest request's
+    words, and reads the records as they are when it runs). stop() cancels a rewrite not begun and waits for one
+    under way: the stop's own page comes after it, never before."""
+
+    def __init__(self, s, gap_s=PAGE_GAP_S):
+        self.s, self.gap_s = s, gap_s
+        self.lock, self.writing = threading.Lock(), threading.Lock()
+        self.timer, self.args = None, {}
+
+    def request(self, **kw):
+        """Ask for a rewrite with refresh's keywords kw (live, timeout_s)."""
+        with self.lock:
+            self.args = kw
+            if self.timer is None:
+                self.timer = threading.Timer(self.gap_s, self._write)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def _write(self):
+        with self.writing:
+            with self.lock:
+                if self.timer is None:          # stopped meanwhile
+                    return
+                self.timer, kw = None, self.args
+            refresh(self.s, **kw)
+
+    def stop(self):
+        """Cancel a pending rewrite and wait for one under way to finish."""
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+        with self.writing:
+            pass

@@ -484,9 +484,7 @@ def eval_timeout(s):
 def stopped(s, **fields):
     """The loop ended: its "stop" event (fields: why, its throughput), then each record sink's on_stop (the dashboard
     rewritten as not live)."""
-    s.log(Event.STOP, **fields)
-    for sink in sinks.SINKS:
-        sink.on_stop(s)
+    sinks.stop(s, lambda: s.log(Event.STOP, **fields))
 
 
 def log_stop(s, event, reason):

@@ -16,7 +16,8 @@ from harness.record import dashboard, tracking
 class Sink:
     """The protocol. before(s, n, idea) -> fields for experiment n's event; on_record(s, event, result, context): the
     event as written, its experiment.Result, and context {"log": its first run's log, "timeout_s": a run's hard
-    limit now}; on_stop(s): the loop ended (its "stop" event is written)."""
+    limit now}; on_stop(s): the loop ended (its "stop" event is written; s None: it could not be, so only what runs
+    in the background ends)."""
 
     def before(self, s, n, idea):
         return {}
@@ -74,13 +75,40 @@ class MLflow(Sink):
 
 
 class Dashboard(Sink):
-    """dashboard.html rewritten: live (reloading itself) while the loop runs, as a still page once it stops."""
+    """dashboard.html rewritten: live (reloading itself) while the loop runs, in the background dashboard.PAGE_GAP_S
+    after a verdict (dashboard.Pacer); as a still page when it stops, after the last live rewrite."""
+
+    def __init__(self):
+        self.pacer = None                           # the session's dashboard.Pacer, made at its first record
 
     def on_record(self, s, event, result, context):
-        dashboard.refresh(s, live=s.settings.command == "loop", timeout_s=context["timeout_s"])
+        if s.settings.command != "loop":            # `try`: one verdict, then the process ends
+            dashboard.refresh(s, live=False)
+            return
+        if self.pacer is None or self.pacer.s is not s:
+            self.on_stop(None)                      # another session of this process (the tests'): its pacer ends
+            self.pacer = dashboard.Pacer(s)
+        self.pacer.request(live=True, timeout_s=context["timeout_s"])
 
     def on_stop(self, s):
-        dashboard.refresh(s, live=False)
+        if self.pacer is not None:
+            self.pacer.stop()
+            self.pacer = None
+        if s is not None:
+            dashboard.refresh(s, live=False)
 
 
 SINKS = [Ledger(), Study(), Artifacts(), Line(), MLflow(), Dashboard()]
+
+
+def stop(s, log_stop):
+    """The loop ended: log_stop() writes its "stop" event, then each sink's on_stop(s); where log_stop raises, each
+    sink's on_stop(None) (what runs in the background ends) before the error goes on."""
+    try:
+        log_stop()
+    except BaseException:
+        for sink in SINKS:
+            sink.on_stop(None)
+        raise
+    for sink in SINKS:
+        sink.on_stop(s)
