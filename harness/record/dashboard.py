@@ -1,11 +1,11 @@
 """
 HARNESS: the dashboard: a tag as one self-contained HTML page (dashboard.html next to results.tsv), written by
-`report.py --html` and rewritten by the loop after its verdicts (Pacer: in the background, PAGE_GAP_S seconds
-later) and at its stop. No server and nothing fetched: the data is a JSON
-block in the page, the progress plot a data: URI, the script inline and the only one the page's Content-Security-Policy
-lets run (by its sha256), so a description, diff or log line that holds `<script>` is shown as text and never runs.
-While the loop is alive the page reloads itself every RELOAD_S seconds (keeping the page of the table and the
-experiment open in the address's #fragment), and stops reloading once it is older than its `stale_s`.
+`report.py --html` and rewritten by the loop PAGE_GAP_S after its verdicts (Pacer, in the background) and at its
+stop. No server and nothing fetched: the data is a JSON block in the page, the progress plot a data: URI, the script
+inline and the only one the page's Content-Security-Policy lets run (by its sha256), so a description, diff or log
+line that holds `<script>` is shown as text and never runs. While the loop is alive the page reloads itself every
+RELOAD_S seconds (keeping the page of the table and the experiment open in the address's #fragment), and stops
+reloading once it is older than its `stale_s`.
 
 The numbers come from harness.record.analysis and the plot from harness.record.plots (the same as report.py's text and
 analysis.ipynb), the page's data from harness.record.pagedata (gather); this module renders it and writes the page.
