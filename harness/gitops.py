@@ -88,9 +88,13 @@ def repo_rel(repo, path):
 
 
 def git_dir(repo):
-    """The common git directory (shared by worktrees) as an absolute Path."""
-    common = Path(repo.git.rev_parse("--git-common-dir"))
-    return common if common.is_absolute() else Path(repo.working_tree_dir) / common
+    """The common git directory (shared by worktrees) as an absolute Path; asked of git once per Repo object (a
+    loop asks for it several times per experiment, and it cannot change under an open Repo)."""
+    known = getattr(repo, "_autoresearch_git_dir", None)
+    if known is None:
+        common = Path(repo.git.rev_parse("--git-common-dir"))
+        known = repo._autoresearch_git_dir = common if common.is_absolute() else Path(repo.working_tree_dir) / common
+    return known
 
 
 def changed_files(repo):

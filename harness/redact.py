@@ -39,23 +39,28 @@ def clean_env():
 URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@", re.I)
 
 
-def redact(text):
-    """Replace the value of every secret-named variable in the environment (8+ characters: shorter values are too
-    likely to be ordinary words) by [redacted], longest first so that one value inside another goes whole, and the
+def secret_values():
+    """The values of the secret-named variables in the environment now (8+ characters: shorter values are too
+    likely to be ordinary words), longest first so that one value inside another goes whole."""
+    return sorted((v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 8), key=len, reverse=True)
+
+
+def redact(text, values=None):
+    """Replace every secret value (values: secret_values(), read now when None) in text by [redacted], and the
     password of any user:password@ URL."""
-    values = sorted((v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 8), key=len, reverse=True)
-    for value in values:
+    for value in secret_values() if values is None else values:
         text = text.replace(value, "[redacted]")
     return URL_CREDENTIALS.sub(r"\1[redacted]@", text)
 
 
-def redact_all(obj):
+def redact_all(obj, values=None):
     """redact() applied to every string inside a JSON-like object (before it is serialised, so that escaping a
-    quote or a non-ASCII character in a secret cannot hide it)."""
+    quote or a non-ASCII character in a secret cannot hide it); the environment is read once per object."""
+    values = secret_values() if values is None else values
     if isinstance(obj, str):
-        return redact(obj)
+        return redact(obj, values)
     if isinstance(obj, dict):
-        return {k: redact_all(v) for k, v in obj.items()}
+        return {k: redact_all(v, values) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [redact_all(v) for v in obj]
+        return [redact_all(v, values) for v in obj]
     return obj

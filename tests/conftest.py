@@ -186,3 +186,9 @@ def grpo_repo(tmp_path, tiny_build):
     repo.index.add([".gitignore", "grpo/prepare.py", "grpo/train.py", "grpo/program.md"])
     repo.index.commit("initial")
     return repo_dir / "grpo", env
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first (stable otherwise): with pytest-xdist handing out one test at a time (pyproject.toml),
+    the long ones start while the short ones fill the cores around them, instead of ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
